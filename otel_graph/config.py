@@ -1,0 +1,281 @@
+"""Configuration: every environment variable otel_graph reads, parsed once, with clear errors.
+
+Two families of variables matter:
+
+* **Standard ``OTEL_*`` variables.** The OpenTelemetry SDK and exporters read most
+  of them themselves (endpoints, headers, certificates, resource). otel_graph only
+  *validates* the ones whose bad values the SDK would otherwise ignore or turn into
+  a traceback deep inside an export thread, so that a typo fails at
+  :func:`otel_graph.instrument_scheduler` with a message that names the variable
+  and the accepted values::
+
+      OTEL_EXPORTER_OTLP_PROTOCOL='carrier-pigeon' is not valid; accepted values: grpc, http/protobuf
+
+* **Our own ``OTEL_GRAPH_*`` variables**, documented in :data:`OWN_VARIABLES` and
+  in the README. Each has a keyword-only twin in ``instrument_scheduler(**options)``;
+  an explicit option wins over the environment.
+
+:func:`load_settings` reads the environment once and returns an immutable
+:class:`Settings`. Nothing else in the package reads ``os.environ`` for these names.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+# --- our own variables -------------------------------------------------------
+OTEL_GRAPH_MAX_TASK_SPANS = "OTEL_GRAPH_MAX_TASK_SPANS"
+OTEL_GRAPH_MAX_QUEUED_SPANS = "OTEL_GRAPH_MAX_QUEUED_SPANS"
+OTEL_GRAPH_EXIT_TIMEOUT = "OTEL_GRAPH_EXIT_TIMEOUT"
+OTEL_GRAPH_DRAIN_INTERVAL = "OTEL_GRAPH_DRAIN_INTERVAL"
+OTEL_GRAPH_RESOURCES = "OTEL_GRAPH_RESOURCES"
+OTEL_GRAPH_GPU = "OTEL_GRAPH_GPU"
+
+OWN_VARIABLES: Mapping[str, str] = {
+    OTEL_GRAPH_MAX_TASK_SPANS: "Task spans per compute before tasks are folded into one "
+    "aggregate span per prefix; an integer >= 0 or `unlimited`. Default 1000.",
+    OTEL_GRAPH_MAX_QUEUED_SPANS: "Spans held in memory while the collector is slow or "
+    "down; past it the oldest are dropped and counted. Default 200000.",
+    OTEL_GRAPH_EXIT_TIMEOUT: "Seconds the interpreter may spend at exit delivering what "
+    "is left when the collector makes no progress. Default 1.5.",
+    OTEL_GRAPH_DRAIN_INTERVAL: "Seconds between turning running computes' task records "
+    "into spans, so long jobs show up while they run. Default 2.",
+    OTEL_GRAPH_RESOURCES: "`true`/`false`: publish CPU, memory and GPU readings. Default true.",
+    OTEL_GRAPH_GPU: "`true`/`false`: read GPUs through NVML. Default true.",
+}
+
+# --- standard variables we validate -------------------------------------------
+_CHOICES: Mapping[str, tuple[str, ...]] = {
+    "OTEL_EXPORTER_OTLP_PROTOCOL": ("grpc", "http/protobuf"),
+    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": ("grpc", "http/protobuf"),
+    "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": ("grpc", "http/protobuf"),
+    "OTEL_EXPORTER_OTLP_COMPRESSION": ("gzip", "none", "deflate"),
+    "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": ("gzip", "none", "deflate"),
+    "OTEL_EXPORTER_OTLP_METRICS_COMPRESSION": ("gzip", "none", "deflate"),
+    "OTEL_TRACES_EXPORTER": ("otlp", "console", "none"),
+    "OTEL_METRICS_EXPORTER": ("otlp", "console", "none", "prometheus"),
+    "OTEL_TRACES_SAMPLER": (
+        "always_on",
+        "always_off",
+        "traceidratio",
+        "parentbased_always_on",
+        "parentbased_always_off",
+        "parentbased_traceidratio",
+    ),
+    "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE": ("cumulative", "delta", "lowmemory"),
+}
+_BOOLEANS = (
+    "OTEL_SDK_DISABLED",
+    "OTEL_EXPORTER_OTLP_INSECURE",
+    "OTEL_EXPORTER_OTLP_TRACES_INSECURE",
+    "OTEL_EXPORTER_OTLP_METRICS_INSECURE",
+)
+_POSITIVE_NUMBERS = (
+    "OTEL_METRIC_EXPORT_INTERVAL",
+    "OTEL_METRIC_EXPORT_TIMEOUT",
+    "OTEL_EXPORTER_OTLP_TIMEOUT",
+    "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+    "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT",
+)
+_KEY_VALUE_LISTS = (
+    "OTEL_EXPORTER_OTLP_HEADERS",
+    "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+    "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
+    "OTEL_RESOURCE_ATTRIBUTES",
+)
+_ENDPOINTS = (
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+)
+_FILES = (
+    "OTEL_EXPORTER_OTLP_CERTIFICATE",
+    "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+    "OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE",
+    "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+    "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+)
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off", "")
+
+DEFAULT_MAX_TASK_SPANS = 1000
+DEFAULT_METRIC_EXPORT_INTERVAL_MS = 1000
+
+
+class ConfigurationError(ValueError):
+    """A setting has a value otel_graph cannot use; the message names it and what is accepted."""
+
+
+def _invalid(name: str, value: str, accepted: str) -> ConfigurationError:
+    # Header values carry credentials: name the variable, never echo the value.
+    shown = "<hidden>" if "HEADERS" in name else repr(value)
+    return ConfigurationError(f"{name}={shown} is not valid; accepted values: {accepted}")
+
+
+def parse_bool(name: str, value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise _invalid(name, value, "true, false")
+
+
+def parse_limit(name: str, value: str | int | None, default: int | None) -> int | None:
+    """An integer >= 0, or ``unlimited`` (returned as ``None``)."""
+    if value is None:
+        return default
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise _invalid(name, str(value), "an integer >= 0, or unlimited")
+        return value
+    text = str(value).strip().lower()
+    if text in ("unlimited", "none", "inf"):
+        return None
+    try:
+        number = int(text)
+    except ValueError:
+        raise _invalid(name, str(value), "an integer >= 0, or unlimited") from None
+    if number < 0:
+        raise _invalid(name, str(value), "an integer >= 0, or unlimited")
+    return number
+
+
+def parse_seconds(name: str, value: str | float | None, default: float) -> float:
+    if value is None:
+        return default
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise _invalid(name, str(value), "a number of seconds > 0") from None
+    if not number > 0 or number == float("inf"):
+        raise _invalid(name, str(value), "a number of seconds > 0")
+    return number
+
+
+def _check_standard(env: Mapping[str, str]) -> None:
+    for name, accepted in _CHOICES.items():
+        value = env.get(name)
+        if value is not None and value.strip().lower() not in accepted:
+            raise _invalid(name, value, ", ".join(accepted))
+    for name in _BOOLEANS:
+        if name in env:
+            parse_bool(name, env[name])
+    for name in _POSITIVE_NUMBERS:
+        if name in env:
+            parse_seconds(name, env[name], 1.0)
+    for name in _KEY_VALUE_LISTS:
+        value = env.get(name, "")
+        for item in filter(None, (part.strip() for part in value.split(","))):
+            key, sep, _ = item.partition("=")
+            if not sep or not key.strip():
+                raise _invalid(name, value, "comma-separated key=value pairs")
+    for name in _ENDPOINTS:
+        value = env.get(name)
+        if value is not None and value.strip() and "://" not in value:
+            raise _invalid(name, value, "a URL such as http://localhost:4317")
+    for name in _FILES:
+        value = env.get(name)
+        if value and not os.path.isfile(value):
+            raise ConfigurationError(f"{name}={value!r} is not valid; accepted values: a readable file")
+    sampler = env.get("OTEL_TRACES_SAMPLER", "").strip().lower()
+    arg = env.get("OTEL_TRACES_SAMPLER_ARG")
+    if sampler.endswith("traceidratio") and arg is not None:
+        try:
+            ratio = float(arg)
+        except ValueError:
+            ratio = -1.0
+        if not 0.0 <= ratio <= 1.0:
+            raise _invalid("OTEL_TRACES_SAMPLER_ARG", arg, "a probability between 0 and 1")
+    port = env.get("OTEL_EXPORTER_PROMETHEUS_PORT")
+    if port is not None and not (port.strip().isdigit() and 0 < int(port) < 65536):
+        raise _invalid("OTEL_EXPORTER_PROMETHEUS_PORT", port, "a TCP port 1-65535")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything otel_graph decided from the environment and the caller's options."""
+
+    max_task_spans: int | None = DEFAULT_MAX_TASK_SPANS
+    max_queued_spans: int = 200_000
+    exit_timeout_s: float = 1.5
+    drain_interval_s: float = 2.0
+    resources: bool = True
+    gpu: bool = True
+    sdk_disabled: bool = False
+    traces_exporter: str = "otlp"
+    metrics_exporter: str = "otlp"
+    metric_export_interval_ms: float = DEFAULT_METRIC_EXPORT_INTERVAL_MS
+    prometheus_host: str = "localhost"
+    prometheus_port: int = 9464
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+_OPTION_NAMES = {
+    "max_task_spans": OTEL_GRAPH_MAX_TASK_SPANS,
+    "max_queued_spans": OTEL_GRAPH_MAX_QUEUED_SPANS,
+    "exit_timeout_s": OTEL_GRAPH_EXIT_TIMEOUT,
+    "drain_interval_s": OTEL_GRAPH_DRAIN_INTERVAL,
+    "resources": OTEL_GRAPH_RESOURCES,
+    "gpu": OTEL_GRAPH_GPU,
+}
+
+
+def load_settings(env: Mapping[str, str] | None = None, **options: Any) -> Settings:
+    """Read and validate the environment; keyword options override ``OTEL_GRAPH_*`` values.
+
+    Raises :class:`ConfigurationError` for any bad value or unknown option.
+    """
+    env = os.environ if env is None else env
+    unknown = sorted(set(options) - set(_OPTION_NAMES))
+    if unknown:
+        raise ConfigurationError(
+            f"unknown option(s) {', '.join(unknown)}; accepted: {', '.join(sorted(_OPTION_NAMES))}"
+        )
+    _check_standard(env)
+
+    def raw(option: str) -> Any:
+        return options[option] if option in options else env.get(_OPTION_NAMES[option])
+
+    def flag(option: str, default: bool) -> bool:
+        value = raw(option)
+        if value is None:
+            return default
+        return value if isinstance(value, bool) else parse_bool(_OPTION_NAMES[option], str(value))
+
+    queued = parse_limit(OTEL_GRAPH_MAX_QUEUED_SPANS, raw("max_queued_spans"), 200_000)
+    interval = env.get("OTEL_METRIC_EXPORT_INTERVAL")
+    return Settings(
+        max_task_spans=parse_limit(OTEL_GRAPH_MAX_TASK_SPANS, raw("max_task_spans"), DEFAULT_MAX_TASK_SPANS),
+        max_queued_spans=10**12 if queued is None else max(queued, 1),
+        exit_timeout_s=parse_seconds(OTEL_GRAPH_EXIT_TIMEOUT, raw("exit_timeout_s"), 1.5),
+        drain_interval_s=parse_seconds(OTEL_GRAPH_DRAIN_INTERVAL, raw("drain_interval_s"), 2.0),
+        resources=flag("resources", True),
+        gpu=flag("gpu", True),
+        sdk_disabled=parse_bool("OTEL_SDK_DISABLED", env.get("OTEL_SDK_DISABLED", "false")),
+        traces_exporter=env.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower(),
+        metrics_exporter=env.get("OTEL_METRICS_EXPORTER", "otlp").strip().lower(),
+        metric_export_interval_ms=float(interval) if interval else DEFAULT_METRIC_EXPORT_INTERVAL_MS,
+        prometheus_host=env.get("OTEL_EXPORTER_PROMETHEUS_HOST", "localhost"),
+        prometheus_port=int(env.get("OTEL_EXPORTER_PROMETHEUS_PORT", "9464")),
+    )
+
+
+def with_overrides(settings: Settings, **changes: Any) -> Settings:
+    return replace(settings, **changes)
+
+
+def otlp_protocol(signal: str, env: Mapping[str, str] | None = None) -> str:
+    """The OTLP protocol for ``traces`` or ``metrics``; grpc unless told otherwise.
+
+    grpc is the default of the Python SDK's own ``opentelemetry-instrument`` and of
+    port 4317; the per-signal variable wins over the general one, as the spec says.
+    """
+    env = os.environ if env is None else env
+    value = env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL") or env.get(
+        "OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"
+    )
+    return value.strip().lower()

@@ -1,0 +1,99 @@
+"""TaskEvent: the one record every capture path produces, and the helpers that make it safe.
+
+Capture (``otel_graph.local`` for Dask's local schedulers) records a
+:class:`TaskEvent` per task on the hot path: two ``time.time_ns()`` readings, the
+worker and thread, the result's size and type name, and, for a failed task, an
+:class:`ErrorInfo`. Nothing else happens per task there. Turning events into spans
+and metric points happens later, in bulk, in ``otel_graph.tracker``.
+
+Events cross process boundaries (the processes scheduler sends them back with the
+results), so they hold only picklable plain values, never the task's arguments or
+result: those may hold secrets and are never recorded.
+
+>>> ev = TaskEvent(("inc-1", 0), 10, 25, 7, 7, 28, "int", None)
+>>> ev.duration_ns
+15
+>>> key_to_str(("inc-1", 0))
+"('inc-1', 0)"
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any, NamedTuple
+
+#: Longest key string kept; longer keys are cut and marked, so a pathological key
+#: cannot blow up every span and log line it appears in.
+MAX_KEY_CHARS = 512
+MAX_MESSAGE_CHARS = 4096
+MAX_STACK_CHARS = 16384
+
+
+class ErrorInfo(NamedTuple):
+    """What a failed task raised, as text: the exception itself may not pickle."""
+
+    type_name: str
+    message: str
+    stacktrace: str
+
+
+class TaskEvent(NamedTuple):
+    key: Any
+    start_ns: int
+    end_ns: int
+    worker: int
+    thread: int
+    nbytes: int
+    type_name: str
+    error: ErrorInfo | None
+
+    @property
+    def duration_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+
+def _cut(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… [{len(text) - limit} more characters]"
+
+
+def key_to_str(key: Any) -> str:
+    """A readable string for a Dask key of any shape: str, bytes, nested tuples, unicode.
+
+    Non-UTF-8 bytes are shown escaped rather than failing.
+
+    >>> key_to_str(b"x-\\xff")
+    'x-\\\\xff'
+    >>> key_to_str(("a", ("b", 1), b"c"))
+    "('a', ('b', 1), b'c')"
+    """
+    if type(key) is str:
+        text = key
+    elif isinstance(key, bytes):
+        text = key.decode("utf-8", "backslashreplace")
+    else:
+        try:
+            text = repr(key) if isinstance(key, tuple) else str(key)
+        except Exception:  # a user key type with a broken __repr__/__str__
+            text = f"<{type(key).__name__} key>"
+    return _cut(text, MAX_KEY_CHARS)
+
+
+def describe_exception(exc: BaseException) -> ErrorInfo:
+    """The exception's type, message and stack trace, bounded in size; never raises."""
+    kind = type(exc)
+    module = kind.__module__
+    name = kind.__qualname__ if module in ("builtins", None) else f"{module}.{kind.__qualname__}"
+    try:
+        message = str(exc)
+    except Exception:
+        message = "<exception message could not be rendered>"
+    try:
+        stack = "".join(traceback.format_exception(kind, exc, exc.__traceback__))
+    except Exception:
+        stack = f"{name}: {message}"
+    # Keep the end of the stack: the frame that raised is the one a user needs.
+    if len(stack) > MAX_STACK_CHARS:
+        stack = f"[{len(stack) - MAX_STACK_CHARS} characters cut]…{stack[-MAX_STACK_CHARS:]}"
+    return ErrorInfo(name, _cut(message, MAX_MESSAGE_CHARS), stack)

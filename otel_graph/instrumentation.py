@@ -1,0 +1,191 @@
+"""The live instrumentation: what ``instrument_scheduler()`` sets up and its handle tears down.
+
+One :class:`Instrumentation` is live per process at most. It owns:
+
+* the providers in use: the caller's, the global SDK ones the application set, or,
+  when there are none, ones built from the environment by :mod:`otel_graph.sdk`
+  (then also set globally, so that spans the user's own code makes inside tasks go to
+  the same place);
+* the :class:`~otel_graph.tracker.Tracker` that turns task records into telemetry;
+* the Dask wrappers of :mod:`otel_graph.local`;
+* the resource readings of :mod:`otel_graph.resources`.
+
+SDK providers built here live for the rest of the process (OpenTelemetry cannot
+unset a global provider), and are reused if instrumentation is switched on again. At
+interpreter exit, the live instrumentation drains, delivers within
+``OTEL_GRAPH_EXIT_TIMEOUT`` of no progress, and warns once about anything undelivered.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+from typing import Any
+
+from opentelemetry import metrics, trace
+
+from otel_graph._version import __version__
+from otel_graph.config import Settings, load_settings
+from otel_graph.local import LocalCapture
+from otel_graph.metrics import TaskMetrics, observe_delivery, observe_memory
+from otel_graph.sdk import OwnedSdk, build_sdk
+from otel_graph.spans import ApiEmitter, DirectEmitter
+from otel_graph.tracker import Tracker
+
+logger = logging.getLogger("otel_graph")
+
+SCOPE = "otel_graph"
+
+
+class _Process:
+    """Per-process state: the live handle and the SDK we built, guarded by one lock."""
+
+    lock = threading.RLock()
+    live: Instrumentation | None = None
+    owned: OwnedSdk | None = None
+    exit_hook = False
+
+
+def _is_sdk_tracer_provider(provider: Any) -> bool:
+    from opentelemetry.sdk.trace import TracerProvider
+
+    return isinstance(provider, TracerProvider)
+
+
+def _is_sdk_meter_provider(provider: Any) -> bool:
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    return isinstance(provider, MeterProvider)
+
+
+def _owned_sdk(settings: Settings, *, traces: bool, metrics_: bool) -> OwnedSdk:
+    owned = _Process.owned
+    if owned is None:
+        owned = _Process.owned = build_sdk(settings, traces=traces, metrics=metrics_)
+        if owned.tracer_provider is not None:
+            trace.set_tracer_provider(owned.tracer_provider)
+        if owned.meter_provider is not None:
+            metrics.set_meter_provider(owned.meter_provider)
+    return owned
+
+
+class Instrumentation:
+    """The handle ``instrument_scheduler()`` returns; also a context manager."""
+
+    def __init__(self, settings: Settings, *, tracer_provider: Any = None, meter_provider: Any = None) -> None:
+        self.settings = settings
+        self._owned: OwnedSdk | None = None
+        if tracer_provider is None and not _is_sdk_tracer_provider(trace.get_tracer_provider()):
+            self._owned = _owned_sdk(settings, traces=True, metrics_=meter_provider is None)
+            tracer_provider = self._owned.tracer_provider
+        if meter_provider is None and not _is_sdk_meter_provider(metrics.get_meter_provider()):
+            self._owned = self._owned or _owned_sdk(settings, traces=False, metrics_=True)
+            meter_provider = self._owned.meter_provider
+        tracer_provider = tracer_provider or trace.get_tracer_provider()
+        meter_provider = meter_provider or metrics.get_meter_provider()
+        tracer = tracer_provider.get_tracer(SCOPE, __version__)
+        meter = meter_provider.get_meter(SCOPE, __version__)
+
+        owns_tracing = self._owned is not None and tracer_provider is self._owned.tracer_provider
+        emitter: Any = ApiEmitter(tracer)
+        if owns_tracing and hasattr(tracer_provider, "_active_span_processor"):
+            from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+            emitter = DirectEmitter(tracer_provider, InstrumentationScope(SCOPE, __version__))
+        self._tracker = Tracker(tracer=tracer, emitter=emitter, metrics=TaskMetrics(meter),
+                                max_task_spans=settings.max_task_spans,
+                                drain_interval_s=settings.drain_interval_s)
+        self._stop_readings = lambda: None
+        # Observable instruments cannot be removed from a meter; they read through this
+        # handle and report nothing once it is uninstrumented.
+        observe_memory(meter, self._held)
+        observe_delivery(meter, self.stats)
+        if settings.resources:
+            from otel_graph.resources import observe_resources
+
+            self._stop_readings = observe_resources(meter, gpu=settings.gpu)
+        self._capture = LocalCapture(self._tracker)
+        self._capture.install()
+        self._live = True
+
+    # -- public ----------------------------------------------------------------------------
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Block until everything recorded so far is exported; True if it all went."""
+        drained = self._tracker.flush(timeout_s)
+        if self._owned is None:
+            return drained
+        return self._owned.flush(30.0 if timeout_s is None else timeout_s) and drained
+
+    def uninstrument(self) -> None:
+        """Stop instrumenting, flush, and restore Dask exactly as it was."""
+        with _Process.lock:
+            if not self._live:
+                return
+            self._live = False
+            self._capture.uninstall()
+            if _Process.live is self:
+                _Process.live = None
+        self._stop_readings()
+        self._tracker.stop(None)
+        if self._owned is not None:
+            self._owned.flush(self.settings.exit_timeout_s * 4)
+
+    def stats(self) -> dict[str, int]:
+        """Delivery counters: spans and points exported and undelivered, tasks aggregated."""
+        current = self._owned.stats() if self._owned is not None else {}
+        current["tasks_aggregated"] = self._tracker.tasks_aggregated
+        return current
+
+    def __enter__(self) -> Instrumentation:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.uninstrument()
+
+    # -- private ---------------------------------------------------------------------------
+    def _held(self) -> list[tuple[str, int, int]]:
+        if not self._live:
+            return []
+        return [(r.scheduler, *r.held()) for r in self._tracker.running()]
+
+    def _at_exit(self) -> None:
+        timeout = self.settings.exit_timeout_s
+        self._capture.uninstall()
+        self._stop_readings()
+        self._tracker.stop(timeout)
+        if self._owned is None:
+            return
+        spans, points = self._owned.deliver_at_exit(timeout_s=timeout)
+        stats = self._owned.stats()
+        spans = stats["spans_undelivered"]
+        points = stats["points_undelivered"]
+        if spans or points:
+            logger.warning("otel_graph: %d spans and %d metric points were not delivered to the "
+                           "collector", spans, points)
+
+
+def instrument_scheduler(*, tracer_provider: Any = None, meter_provider: Any = None,
+                         **options: Any) -> Instrumentation:
+    """Trace and meter every task of Dask's schedulers from now on; see :mod:`otel_graph`."""
+    with _Process.lock:
+        if _Process.live is not None:
+            return _Process.live
+        settings = load_settings(**options)
+        handle = Instrumentation(settings, tracer_provider=tracer_provider, meter_provider=meter_provider)
+        _Process.live = handle
+        if not _Process.exit_hook:
+            _Process.exit_hook = True
+            atexit.register(_exit)
+        return handle
+
+
+def _exit() -> None:
+    handle = _Process.live
+    if handle is not None:
+        handle._at_exit()
+    elif _Process.owned is not None:
+        spans, points = _Process.owned.deliver_at_exit(timeout_s=1.5)
+        if spans or points:
+            logger.warning("otel_graph: %d spans and %d metric points were not delivered to the "
+                           "collector", spans, points)

@@ -1,0 +1,250 @@
+"""Capture from Dask's local schedulers: sync, threads and processes.
+
+This module is the only reader of ``dask.local`` internals. Every local scheduler
+ends in ``dask.local.get_async``, which hands batches of ready tasks to an executor
+as ``submit(batch_execute_tasks, batch)``. We wrap ``get_async`` in the three modules
+that call it and, per compute, wrap its ``submit`` so that each batch runs through
+:func:`_execute` instead of Dask's ``execute_task``. That gives us, per task and on
+the worker itself:
+
+* the real start and end of the task, read with ``time.time_ns()`` in the thread or
+  process that ran it. The processes scheduler batches tasks and reports them late,
+  so times taken on the scheduler side would be off by up to a second;
+* the worker and thread, the result's ``dask.sizeof`` and type name;
+* the exception a failed task raised, as text.
+
+Per compute we also keep a reference to the converted graph and Dask's own
+scheduler ``state`` (dependencies, dependents, cache) by wrapping
+``start_state_from_dask``; they are read later, off the hot path.
+
+Why not ``dask.callbacks.Callback``: its registry is one process-global set that
+``get_async`` swaps out while it runs, so two threads computing at once lose
+callbacks for good. Wrapping per call keeps every compute, from any thread, traced.
+
+In-process executors (sync, threads) append events straight to the compute's list;
+process pools send them back attached to the batch's result list.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from functools import partial, wraps
+from typing import TYPE_CHECKING, Any, Protocol
+
+from opentelemetry import context
+
+from otel_graph.events import TaskEvent, describe_exception
+
+if TYPE_CHECKING:
+    from otel_graph.tracker import ComputeRecord
+
+_time_ns = time.time_ns
+_get_ident = threading.get_ident
+
+#: Modules whose ``get_async`` global we wrap: each scheduler calls the name in its own module.
+_GET_ASYNC_MODULES = ("dask.local", "dask.threaded", "dask.multiprocessing")
+_EXECUTE_TASK_PARAMS = ["key", "task_info", "dumps", "loads", "get_id", "pack_exception"]
+
+
+class Tracker(Protocol):
+    def begin(self, scheduler: str) -> ComputeRecord | None: ...
+
+    def end(self, record: ComputeRecord, error: BaseException | None) -> None: ...
+
+
+def _sizeof() -> Callable[[Any], int]:
+    from dask.sizeof import sizeof
+
+    def nbytes(value: Any) -> int:
+        try:
+            return int(sizeof(value))
+        except Exception:  # a result whose __sizeof__ raises or lies must not fail the task
+            return -1
+
+    return nbytes
+
+
+_nbytes = _sizeof()
+
+
+def _execute(key, task_info, dumps, loads, get_id, pack_exception, emit):  # noqa: ANN001, ANN202
+    """Dask's ``execute_task`` plus one event; hot path, so no allocation beyond the event."""
+    start = _time_ns()
+    try:
+        task, data = loads(task_info)
+        result = task(data)
+        end = _time_ns()
+        worker = get_id()
+        packed = dumps((result, worker))
+        emit(TaskEvent(key, start, end, _get_ident() if worker is None else worker, _get_ident(),
+                       _nbytes(result), type(result).__name__, None))
+        return key, packed, False
+    except BaseException as exc:
+        end = _time_ns()
+        worker = get_id()
+        emit(TaskEvent(key, start, end, _get_ident() if worker is None else worker, _get_ident(),
+                       -1, "", describe_exception(exc)))
+        # The sync scheduler's pack_exception re-raises: the event is already out.
+        return key, pack_exception(exc, dumps), True
+
+
+def _run_local(emit: Callable[[TaskEvent], None], batch: list) -> list:
+    return [_execute(*args, emit) for args in batch]
+
+
+class _Batch(list):
+    """A batch's results as Dask expects them, carrying the batch's events across processes."""
+
+    events: list[TaskEvent]
+
+
+def _run_remote(batch: list) -> _Batch:
+    events: list[TaskEvent] = []
+    out = _Batch(_execute(*args, events.append) for args in batch)
+    out.events = events
+    return out
+
+
+def _kind_of_executor(submit: Callable) -> tuple[str | None, bool]:
+    """(scheduler name or None when unknown, whether tasks run in this process)."""
+    from dask.local import MultiprocessingPoolExecutor, SynchronousExecutor
+
+    owner = getattr(submit, "__self__", None)
+    if isinstance(owner, SynchronousExecutor):
+        return "sync", True
+    if isinstance(owner, ThreadPoolExecutor):
+        return "threads", True
+    if isinstance(owner, (ProcessPoolExecutor, MultiprocessingPoolExecutor)):
+        return "processes", False
+    return None, False
+
+
+def _scheduler_from_get_id(get_id: Callable | None) -> str:
+    module = getattr(get_id, "__module__", "") or ""
+    if module.endswith("threaded"):
+        return "threads"
+    if module.endswith("multiprocessing"):
+        return "processes"
+    return "sync"
+
+
+class LocalCapture:
+    """Installs and removes the wrappers; one instance per instrumentation."""
+
+    def __init__(self, tracker: Tracker) -> None:
+        self._tracker = tracker
+        self._originals: dict[tuple[str, str], Any] = {}
+        self._starting = threading.local()
+
+    @staticmethod
+    def check_supported() -> None:
+        """Fail with a clear message if this Dask's internals are not the ones we adapt."""
+        import dask.local
+
+        missing = [n for n in ("get_async", "batch_execute_tasks", "start_state_from_dask", "execute_task")
+                   if not hasattr(dask.local, n)]
+        if missing:
+            raise RuntimeError(f"otel_graph does not support this dask version: dask.local lacks {missing}")
+        params = list(inspect.signature(dask.local.execute_task).parameters)
+        if params != _EXECUTE_TASK_PARAMS:
+            raise RuntimeError(
+                f"otel_graph does not support this dask version: execute_task takes {params}"
+            )
+
+    def install(self) -> None:
+        self.check_supported()
+        import dask.local
+
+        self._batch_execute = dask.local.batch_execute_tasks
+        for name in _GET_ASYNC_MODULES:
+            module = importlib.import_module(name)
+            original = module.get_async
+            self._originals[(name, "get_async")] = original
+            module.get_async = self._wrap_get_async(original)
+        original_start = dask.local.start_state_from_dask
+        self._originals[("dask.local", "start_state_from_dask")] = original_start
+        dask.local.start_state_from_dask = self._wrap_start_state(original_start)
+
+    def uninstall(self) -> None:
+        for (name, attr), original in self._originals.items():
+            setattr(importlib.import_module(name), attr, original)
+        self._originals.clear()
+
+    def _wrap_start_state(self, original: Callable) -> Callable:
+        starting = self._starting
+
+        @wraps(original)
+        def start_state_from_dask(dsk, *args, **kwargs):  # noqa: ANN001, ANN202
+            state = original(dsk, *args, **kwargs)
+            record = getattr(starting, "record", None)
+            if record is not None:
+                starting.record = None
+                record.graph = dsk
+                record.state = state
+            return state
+
+        return start_state_from_dask
+
+    def _wrap_get_async(self, original: Callable) -> Callable:
+        tracker = self._tracker
+        starting = self._starting
+        wrap_submit = self._wrap_submit
+
+        @wraps(original)
+        def get_async(submit, num_workers, dsk, result, *args, **kwargs):  # noqa: ANN001, ANN202
+            kind, in_process = _kind_of_executor(submit)
+            if kind is None:
+                get_id = kwargs.get("get_id", args[1] if len(args) > 1 else None)
+                kind = _scheduler_from_get_id(get_id)
+            record = tracker.begin(kind)
+            if record is None:
+                return original(submit, num_workers, dsk, result, *args, **kwargs)
+            token = context.attach(record.context)
+            previous, starting.record = getattr(starting, "record", None), record
+            try:
+                value = original(wrap_submit(submit, record, in_process), num_workers, dsk, result,
+                                 *args, **kwargs)
+            except BaseException as exc:
+                tracker.end(record, exc)
+                raise
+            else:
+                tracker.end(record, None)
+                return value
+            finally:
+                starting.record = previous
+                context.detach(token)
+
+        return get_async
+
+    def _wrap_submit(self, submit: Callable, record: ComputeRecord, in_process: bool) -> Callable:
+        batch_execute = self._batch_execute
+        runner = partial(_run_local, record.sink.append) if in_process else _run_remote
+
+        def traced_submit(fn, *args, **kwargs):  # noqa: ANN001, ANN202
+            if fn is not batch_execute or kwargs or len(args) != 1:
+                return submit(fn, *args, **kwargs)
+            batch = args[0]
+            record.submitted += len(batch)
+            future = submit(runner, batch)
+            if not in_process:
+                future.add_done_callback(partial(_deliver_remote, record, len(batch)))
+            return future
+
+        return traced_submit
+
+
+def _deliver_remote(record: ComputeRecord, count: int, future: Future) -> None:
+    # Runs on the pool's result thread, before Dask's own callback sees the batch.
+    if future.cancelled() or future.exception() is not None:
+        record.lost += count
+        return
+    events = getattr(future.result(), "events", None)
+    if events is None:
+        record.lost += count
+    else:
+        record.sink.extend(events)

@@ -1,0 +1,128 @@
+"""Task metrics: what every task and compute adds to the metric stream.
+
+=========================  =========  ================================================
+name                       unit       attributes
+=========================  =========  ================================================
+``dask.task.duration``     ``s``      ``dask.task.prefix``, ``dask.scheduler``,
+                                      ``dask.task.outcome`` (``success``/``error``)
+``dask.task.output.size``  ``By``     ``dask.task.prefix``
+``dask.compute.duration``  ``s``      ``dask.scheduler``, ``dask.task.outcome``
+``dask.memory.tasks``      ``{task}`` ``dask.scheduler``: results held right now (the
+                                      CacheProfiler view)
+``dask.memory.usage``      ``By``     ``dask.scheduler``: their ``dask.sizeof`` total
+=========================  =========  ================================================
+
+The histograms' count is the task (or compute) count. Their bucket boundaries are
+given as advice, fitted to task times (10 µs to 5 min) and result sizes (64 B to
+4 GiB); a View in the application's own provider overrides them.
+
+The task prefix is the only per-task dimension, so the number of attribute sets stays
+bounded however many distinct keys run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
+
+from otel_graph.events import TaskEvent
+
+DURATION_BUCKETS_S = (
+    0.00001, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+)
+SIZE_BUCKETS_BY = tuple(float(64 * 4**i) for i in range(14))  # 64 B .. 4 GiB
+
+
+class TaskMetrics:
+    """The task and compute instruments on one meter."""
+
+    def __init__(self, meter: Meter) -> None:
+        self._duration = meter.create_histogram(
+            "dask.task.duration", unit="s", description="Time a task's function ran.",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS_S,
+        )
+        self._size = meter.create_histogram(
+            "dask.task.output.size", unit="By", description="dask.sizeof of a task's result.",
+            explicit_bucket_boundaries_advisory=SIZE_BUCKETS_BY,
+        )
+        self._compute = meter.create_histogram(
+            "dask.compute.duration", unit="s", description="Wall time of a compute, end to end.",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS_S,
+        )
+        self._attributes: dict[tuple[str, str, bool], dict[str, str]] = {}
+        self._size_attributes: dict[str, dict[str, str]] = {}
+
+    def record_task(self, ev: TaskEvent, prefix: str, scheduler: str) -> None:
+        failed = ev.error is not None
+        attributes = self._attributes.get((prefix, scheduler, failed))
+        if attributes is None:
+            attributes = self._attributes[(prefix, scheduler, failed)] = {
+                "dask.task.prefix": prefix,
+                "dask.scheduler": scheduler,
+                "dask.task.outcome": "error" if failed else "success",
+            }
+        self._duration.record((ev.end_ns - ev.start_ns) / 1e9, attributes)
+        if not failed and ev.nbytes >= 0:
+            size_attributes = self._size_attributes.get(prefix)
+            if size_attributes is None:
+                size_attributes = self._size_attributes[prefix] = {"dask.task.prefix": prefix}
+            self._size.record(ev.nbytes, size_attributes)
+
+    def record_compute(self, duration_s: float, scheduler: str, failed: bool) -> None:
+        self._compute.record(duration_s, {
+            "dask.scheduler": scheduler,
+            "dask.task.outcome": "error" if failed else "success",
+        })
+
+
+def observe_memory(meter: Meter, held: Callable[[], Iterable[tuple[str, int, int]]]) -> None:
+    """Gauges of results held in memory; ``held()`` yields (scheduler, tasks, bytes) per compute."""
+
+    def totals() -> dict[str, list[int]]:
+        by_scheduler: dict[str, list[int]] = {}
+        for scheduler, tasks, nbytes in held():
+            entry = by_scheduler.setdefault(scheduler, [0, 0])
+            entry[0] += tasks
+            entry[1] += nbytes
+        return by_scheduler
+
+    def tasks(options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(v[0], {"dask.scheduler": s}) for s, v in totals().items()]
+
+    def usage(options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(v[1], {"dask.scheduler": s}) for s, v in totals().items()]
+
+    meter.create_observable_up_down_counter(
+        "dask.memory.tasks", callbacks=[tasks], unit="{task}",
+        description="Task results held in memory by running computes.",
+    )
+    meter.create_observable_up_down_counter(
+        "dask.memory.usage", callbacks=[usage], unit="By",
+        description="dask.sizeof of the task results held in memory by running computes.",
+    )
+
+
+def observe_delivery(meter: Meter, stats: Callable[[], dict[str, Any]]) -> None:
+    """Telemetry health: what our pipeline exported, folded and could not deliver."""
+
+    def counter(name: str, key: str, unit: str, description: str, error_key: str | None) -> None:
+        def observe(options: CallbackOptions) -> Iterable[Observation]:
+            current = stats()
+            points = [Observation(current.get(key, 0), {})]
+            if error_key is not None:
+                points.append(Observation(current.get(error_key, 0), {"error.type": "undelivered"}))
+            return points
+
+        meter.create_observable_counter(name, callbacks=[observe], unit=unit, description=description)
+
+    counter("otel.sdk.exporter.span.exported", "spans_exported", "{span}",
+            "Spans otel_graph exported; error.type=undelivered counts those it gave up on.",
+            "spans_undelivered")
+    counter("otel.sdk.exporter.metric_data_point.exported", "points_exported", "{data_point}",
+            "Metric points exported; error.type=undelivered counts those that failed.",
+            "points_undelivered")
+    counter("dask.task.aggregated", "tasks_aggregated", "{task}",
+            "Tasks past the span budget, represented by aggregate spans.", None)

@@ -1,0 +1,225 @@
+"""Delivery without silent loss: a span processor that never drops quietly, and metric counting.
+
+The SDK's ``BatchSpanProcessor`` drops spans when its queue (2,048) fills, and says
+so only at DEBUG level; measured here it lost 79% of spans behind a collector that
+took 50 ms per batch. :class:`ReliableSpanProcessor` instead:
+
+* queues every ended span, up to ``max_queued`` (``OTEL_GRAPH_MAX_QUEUED_SPANS``);
+  only past that bound does it drop, oldest first, and it counts what it drops;
+* exports from one thread in batches; a failed batch goes back to the head of the
+  queue and is retried with exponential backoff (capped at 5 s), so data is delivered
+  when a collector that was down comes back;
+* never blocks the caller of ``on_end``: a slow or hung collector only grows the queue;
+* :meth:`deliver_remaining` is what runs at exit: it keeps exporting while the
+  collector makes progress and gives up after ``timeout_s`` without progress,
+  counting what is left as undelivered.
+
+:class:`CountingMetricExporter` wraps a metric exporter to count the data points it
+delivered and failed to deliver. Both feed :func:`otel_graph.metrics.observe_delivery`
+and the one warning printed when anything was not delivered.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+logger = logging.getLogger("otel_graph")
+
+MAX_BACKOFF_S = 5.0
+
+
+class ReliableSpanProcessor(SpanProcessor):
+    def __init__(self, exporter: SpanExporter, *, max_queued: int, max_batch: int = 512,
+                 schedule_delay_s: float = 0.5) -> None:
+        self._exporter = exporter
+        self._max_queued = max_queued
+        self._max_batch = max_batch
+        self._delay = schedule_delay_s
+        self._queue: deque[ReadableSpan] = deque()
+        self._cond = threading.Condition()
+        self._inflight = 0
+        self._flushing = 0
+        self._stopped = False
+        self._warned = False
+        self.exported = 0
+        self.dropped = 0
+        self.failed_attempts = 0
+        self.undelivered = 0
+        self._thread = threading.Thread(target=self._run, name="otel-graph-spans", daemon=True)
+        self._thread.start()
+
+    # -- SpanProcessor --------------------------------------------------------------
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        return None
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if self._stopped:
+            self.undelivered += 1
+            return
+        queue = self._queue
+        queue.append(span)
+        size = len(queue)
+        if size > self._max_queued:
+            self._drop_oldest()
+        elif size % self._max_batch == 0:
+            with self._cond:
+                self._cond.notify()
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return self._wait_empty(timeout_millis / 1000)
+
+    def shutdown(self) -> None:
+        self.deliver_remaining(timeout_s=1.5)
+
+    # -- delivery -----------------------------------------------------------------
+    @property
+    def pending(self) -> int:
+        return len(self._queue) + self._inflight
+
+    def deliver_remaining(self, *, timeout_s: float) -> int:
+        """Export what is queued while progress is made; return how many spans were given up on."""
+        while self.pending:
+            before = self.exported
+            if self._wait_empty(timeout_s):
+                break
+            if self.exported == before:
+                break
+        with self._cond:
+            self._stopped = True
+            left = len(self._queue) + self._inflight
+            self._queue.clear()
+            self.undelivered += left
+            self._cond.notify_all()
+        return left
+
+    def _wait_empty(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            self._flushing += 1
+            self._cond.notify_all()
+            try:
+                while self._queue or self._inflight:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0 or self._stopped:
+                        return False
+                    self._cond.wait(remaining)
+                return True
+            finally:
+                self._flushing -= 1
+
+    def _drop_oldest(self) -> None:
+        with self._cond:
+            while len(self._queue) > self._max_queued:
+                self._queue.popleft()
+                self.dropped += 1
+                self.undelivered += 1
+        if not self._warned:
+            self._warned = True
+            logger.warning("otel_graph: span queue full (%d); dropping the oldest spans and counting "
+                           "them as undelivered", self._max_queued)
+
+    def _take_batch(self) -> list[ReadableSpan]:
+        queue = self._queue
+        count = min(len(queue), self._max_batch)
+        batch = [queue.popleft() for _ in range(count)]
+        self._inflight = len(batch)
+        return batch
+
+    def _run(self) -> None:
+        backoff = 0.0
+        while True:
+            with self._cond:
+                if backoff:
+                    self._cond.wait(backoff)
+                else:
+                    deadline = time.monotonic() + self._delay
+                    while not self._stopped and len(self._queue) < self._max_batch and not (
+                            self._flushing and self._queue):
+                        remaining = deadline - time.monotonic()
+                        if remaining <= 0:
+                            break
+                        self._cond.wait(remaining)
+                if self._stopped:
+                    return
+                batch = self._take_batch()
+            if not batch:
+                backoff = 0.0
+                continue
+            ok = self._export(batch)
+            with self._cond:
+                self._inflight = 0
+                if self._stopped:
+                    pass  # deliver_remaining already counted this batch as undelivered
+                elif ok:
+                    self.exported += len(batch)
+                    backoff = 0.0
+                else:
+                    self._queue.extendleft(reversed(batch))
+                    backoff = min(max(backoff * 2, 0.25), MAX_BACKOFF_S)
+                self._cond.notify_all()
+
+    def _export(self, batch: list[ReadableSpan]) -> bool:
+        try:
+            ok = self._exporter.export(batch) == SpanExportResult.SUCCESS
+        except Exception as exc:  # an exporter bug must not kill the delivery thread
+            logger.debug("otel_graph: span exporter raised", exc_info=True)
+            ok = False
+            reason = repr(exc)
+        else:
+            reason = "the exporter reported failure"
+        if not ok:
+            self.failed_attempts += 1
+            if self.failed_attempts == 1:
+                logger.warning("otel_graph: exporting spans failed (%s); keeping them queued and "
+                               "retrying", reason)
+        return ok
+
+
+class CountingMetricExporter(MetricExporter):
+    """Counts data points exported and not delivered; delegates everything else."""
+
+    def __init__(self, inner: MetricExporter) -> None:
+        super().__init__(preferred_temporality=inner._preferred_temporality,
+                         preferred_aggregation=inner._preferred_aggregation)
+        self._inner = inner
+        self.exported = 0
+        self.undelivered = 0
+        self.inflight = 0
+
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+               ) -> MetricExportResult:
+        points = _count_points(metrics_data)
+        self.inflight = points
+        try:
+            result = self._inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+        except Exception:
+            logger.debug("otel_graph: metric exporter raised", exc_info=True)
+            result = MetricExportResult.FAILURE
+        finally:
+            self.inflight = 0
+        if result == MetricExportResult.SUCCESS:
+            self.exported += points
+        else:
+            self.undelivered += points
+        return result
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return self._inner.force_flush(timeout_millis=timeout_millis)
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        self._inner.shutdown(timeout_millis=timeout_millis, **kwargs)
+
+
+def _count_points(metrics_data: MetricsData) -> int:
+    return sum(len(metric.data.data_points)
+               for resource in metrics_data.resource_metrics
+               for scope in resource.scope_metrics
+               for metric in scope.metrics)

@@ -1,0 +1,182 @@
+"""The OpenTelemetry SDK, built from the standard environment when the application did not.
+
+This is the only module that constructs SDK providers and exporters. It is used only
+when ``instrument_scheduler()`` got no providers and no SDK provider is set globally;
+an application that configured OpenTelemetry itself keeps its own.
+
+What it builds, from the standard variables:
+
+* a **Resource** from ``OTEL_SERVICE_NAME`` / ``OTEL_RESOURCE_ATTRIBUTES``, plus
+  ``service.instance.id`` (unique per process), ``process.pid`` and ``host.name``;
+  ``service.name`` defaults to ``dask`` rather than ``unknown_service``;
+* a **TracerProvider** (sampler from ``OTEL_TRACES_SAMPLER``) whose spans go through
+  :class:`~otel_graph.pipeline.ReliableSpanProcessor` to the exporter that
+  ``OTEL_TRACES_EXPORTER`` names: ``otlp`` (``OTEL_EXPORTER_OTLP_PROTOCOL`` ``grpc``
+  or ``http/protobuf``; the stock exporters read endpoint, headers, timeout,
+  compression and certificates themselves), ``console`` or ``none``;
+* a **MeterProvider** whose reader ``OTEL_METRICS_EXPORTER`` names: ``otlp`` and
+  ``console`` export every ``OTEL_METRIC_EXPORT_INTERVAL`` ms (default here 1000, as
+  often as dask's ResourceProfiler samples, rather than the SDK's 60000), and
+  ``prometheus`` serves ``/metrics`` on ``OTEL_EXPORTER_PROMETHEUS_HOST``/``_PORT``
+  (default ``localhost:9464``).
+
+Neither provider registers the SDK's own exit hook, which would block up to 30 s on a
+hung collector: :meth:`OwnedSdk.deliver_at_exit` bounds that instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SpanExporter
+
+from otel_graph.config import ConfigurationError, Settings, otlp_protocol
+from otel_graph.pipeline import CountingMetricExporter, ReliableSpanProcessor
+
+logger = logging.getLogger("otel_graph")
+
+
+def build_resource() -> Resource:
+    resource = Resource.create({
+        "service.instance.id": str(uuid.uuid4()),
+        "process.pid": os.getpid(),
+        "host.name": socket.gethostname(),
+    })
+    if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({"service.name": "dask"}))
+    return resource
+
+
+def _span_exporter(settings: Settings) -> SpanExporter | None:
+    if settings.traces_exporter == "none":
+        return None
+    if settings.traces_exporter == "console":
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        return ConsoleSpanExporter()
+    from otel_graph.otlp_fast import otlp_span_exporter
+
+    return otlp_span_exporter(protocol=otlp_protocol("traces"))
+
+
+def _metric_exporter(settings: Settings) -> Any:
+    if settings.metrics_exporter == "console":
+        from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
+
+        return ConsoleMetricExporter()
+    if otlp_protocol("metrics") == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+    else:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    return OTLPMetricExporter()
+
+
+def _prometheus_reader(settings: Settings) -> MetricReader:
+    try:
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+        from prometheus_client import start_http_server
+    except ImportError:
+        raise ConfigurationError(
+            "OTEL_METRICS_EXPORTER='prometheus' needs the prometheus exporter: "
+            "pip install 'otel-graph[prometheus]'"
+        ) from None
+    reader = PrometheusMetricReader()
+    try:
+        start_http_server(port=settings.prometheus_port, addr=settings.prometheus_host)
+    except OSError as exc:
+        raise ConfigurationError(
+            f"OTEL_EXPORTER_PROMETHEUS_HOST/PORT: cannot listen on "
+            f"{settings.prometheus_host}:{settings.prometheus_port}: {exc}"
+        ) from None
+    return reader
+
+
+@dataclass
+class OwnedSdk:
+    """Providers otel_graph built and therefore shuts down, with their delivery counters."""
+
+    tracer_provider: TracerProvider | None = None
+    meter_provider: MeterProvider | None = None
+    span_processor: ReliableSpanProcessor | None = None
+    metric_exporter: CountingMetricExporter | None = None
+
+    def stats(self) -> dict[str, int]:
+        spans, points = self.span_processor, self.metric_exporter
+        return {
+            "spans_exported": spans.exported if spans else 0,
+            "spans_undelivered": spans.undelivered if spans else 0,
+            "spans_queued": spans.pending if spans else 0,
+            "points_exported": points.exported if points else 0,
+            "points_undelivered": points.undelivered if points else 0,
+        }
+
+    def flush(self, timeout_s: float) -> bool:
+        ok = True
+        if self.tracer_provider is not None:
+            ok = self.tracer_provider.force_flush(int(timeout_s * 1000)) and ok
+        if self.meter_provider is not None:
+            ok = _bounded(lambda: self.meter_provider.force_flush(int(timeout_s * 1000)), timeout_s) and ok
+        return bool(ok)
+
+    def deliver_at_exit(self, *, timeout_s: float) -> tuple[int, int]:
+        """Deliver what is left within the bound; return (spans, points) not delivered."""
+        spans_left = 0
+        if self.span_processor is not None:
+            spans_left = self.span_processor.deliver_remaining(timeout_s=timeout_s)
+        points_left = 0
+        if self.meter_provider is not None:
+            exporter = self.metric_exporter
+            finished = _bounded(lambda: self.meter_provider.shutdown(int(timeout_s * 1000)), timeout_s)
+            if not finished and exporter is not None:
+                points_left = exporter.inflight
+                exporter.undelivered += points_left
+        return spans_left, points_left
+
+
+def _bounded(call: Any, timeout_s: float) -> bool:
+    """Run ``call`` on a daemon thread and wait at most ``timeout_s``: a hung exporter stays behind."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except Exception:
+            logger.debug("otel_graph: flush raised", exc_info=True)
+            outcome.append(False)
+
+    thread = threading.Thread(target=run, name="otel-graph-flush", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    return bool(outcome) and outcome[0] is not False
+
+
+def build_sdk(settings: Settings, *, traces: bool, metrics: bool) -> OwnedSdk:
+    owned = OwnedSdk()
+    resource = build_resource()
+    if traces:
+        provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+        exporter = _span_exporter(settings)
+        if exporter is not None:
+            owned.span_processor = ReliableSpanProcessor(exporter, max_queued=settings.max_queued_spans)
+            provider.add_span_processor(owned.span_processor)
+        owned.tracer_provider = provider
+    if metrics:
+        readers: list[MetricReader] = []
+        if settings.metrics_exporter == "prometheus":
+            readers.append(_prometheus_reader(settings))
+        elif settings.metrics_exporter != "none":
+            owned.metric_exporter = CountingMetricExporter(_metric_exporter(settings))
+            readers.append(PeriodicExportingMetricReader(
+                owned.metric_exporter, export_interval_millis=settings.metric_export_interval_ms))
+        owned.meter_provider = MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False)
+    return owned

@@ -1,0 +1,231 @@
+"""Computes in flight, and the one background thread that turns their task records into telemetry.
+
+Capture records a :class:`~otel_graph.events.TaskEvent` per task into its compute's
+list and nothing more. This module owns everything after that:
+
+* :meth:`Tracker.begin` opens the ``dask.compute`` root span, a child of the caller's
+  current span, and returns the :class:`ComputeRecord` capture writes into;
+* :meth:`Tracker.end` stamps the end and wakes the worker thread;
+* the worker thread drains every record's events in bulk, feeds the span budget
+  (:mod:`otel_graph.policy`) and the task metrics, and, once every submitted task of an
+  ended compute has reported, emits its aggregates and ends its root span with
+  ``dask.graph.tasks``. Running computes are drained every ``drain_interval_s`` so that a
+  long job's spans reach the collector while it runs;
+* :meth:`Tracker.flush` asks for a drain now and waits for it.
+
+Building spans and metric points here, in bulk and off the scheduler's thread, is what
+keeps the per-task cost near two clock readings.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from dask.utils import key_split
+from opentelemetry import trace
+from opentelemetry.trace import Status, StatusCode
+
+from otel_graph.events import TaskEvent, describe_exception
+from otel_graph.metrics import TaskMetrics
+from otel_graph.policy import Aggregate, SpanPlan
+from otel_graph.spans import aggregate_attributes, exception_event_attributes, task_attributes
+
+logger = logging.getLogger("otel_graph")
+
+#: How long an ended compute waits for tasks still running when it failed; those
+#: tasks' results are discarded by Dask, and past this we stop waiting for their records.
+STRAGGLER_WAIT_NS = 30 * 10**9
+
+
+class ComputeRecord:
+    """One compute: what capture writes (``sink``, ``submitted``, ``lost``) and what we derive."""
+
+    __slots__ = ("scheduler", "span", "context", "start_ns", "end_ns", "error", "sink", "submitted",
+                 "lost", "seen", "graph", "state", "plan", "sampled")
+
+    def __init__(self, scheduler: str, span: trace.Span, start_ns: int) -> None:
+        self.scheduler = scheduler
+        self.span = span
+        self.context = trace.set_span_in_context(span)
+        self.sampled = span.get_span_context().trace_flags.sampled
+        self.start_ns = start_ns
+        self.end_ns: int | None = None
+        self.error: BaseException | None = None
+        self.sink: list[TaskEvent] = []
+        self.submitted = 0
+        self.lost = 0
+        self.seen = 0
+        self.graph: Any = None
+        self.state: Any = None
+        self.plan: SpanPlan | None = None
+
+    def held(self) -> tuple[int, int]:
+        """Results in Dask's cache right now: (count, bytes). Read from another thread."""
+        state = self.state
+        if state is None:
+            return 0, 0
+        from dask.sizeof import sizeof
+
+        values = list(state["cache"].values())  # one C-level copy: safe while Dask mutates
+        total = 0
+        for value in values:
+            try:
+                total += int(sizeof(value))
+            except Exception:
+                continue
+        return len(values), total
+
+
+class Tracker:
+    def __init__(self, *, tracer: trace.Tracer, emitter: Any, metrics: TaskMetrics,
+                 max_task_spans: int | None, drain_interval_s: float) -> None:
+        self._tracer = tracer
+        self._emitter = emitter
+        self._metrics = metrics
+        self._budget = max_task_spans
+        self._interval = drain_interval_s
+        self._records: list[ComputeRecord] = []
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._requested = 0
+        self._completed = 0
+        self._stopping = False
+        self.tasks_aggregated = 0
+        self.processing_errors = 0
+        self._thread = threading.Thread(target=self._run, name="otel-graph-tracker", daemon=True)
+        self._thread.start()
+
+    # -- called from capture, on the user's threads ------------------------------------
+    def begin(self, scheduler: str) -> ComputeRecord | None:
+        start = time.time_ns()
+        span = self._tracer.start_span("dask.compute", start_time=start,
+                                       attributes={"dask.scheduler": scheduler})
+        record = ComputeRecord(scheduler, span, start)
+        with self._lock:
+            self._records.append(record)
+        return record
+
+    def end(self, record: ComputeRecord, error: BaseException | None) -> None:
+        record.end_ns = time.time_ns()
+        record.error = error
+        with self._wake:
+            self._requested += 1
+            self._wake.notify()
+
+    def running(self) -> Iterator[ComputeRecord]:
+        with self._lock:
+            records = list(self._records)
+        return (r for r in records if r.end_ns is None)
+
+    # -- flush and stop -------------------------------------------------------------------
+    def flush(self, timeout_s: float | None) -> bool:
+        """Drain everything recorded so far; True when no ended compute is left pending."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._wake:
+            self._requested += 1
+            target = self._requested
+            self._wake.notify_all()
+            while self._completed < target:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._wake.wait(remaining)
+            return not any(r.end_ns is not None for r in self._records)
+
+    def stop(self, timeout_s: float | None) -> bool:
+        done = self.flush(timeout_s)
+        with self._wake:
+            self._stopping = True
+            self._wake.notify_all()
+        self._thread.join(timeout_s)
+        return done
+
+    # -- the worker thread --------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                if self._requested == self._completed and not self._stopping:
+                    self._wake.wait(self._interval)
+                if self._stopping:
+                    return
+                target = self._requested
+                records = list(self._records)
+            for record in records:
+                try:
+                    self._drain(record)
+                except Exception:  # never let one bad compute stop telemetry for the rest
+                    self.processing_errors += 1
+                    logger.debug("otel_graph: failed to process a compute", exc_info=True)
+                    self._forget(record)
+            with self._wake:
+                self._completed = target
+                self._wake.notify_all()
+
+    def _drain(self, record: ComputeRecord) -> None:
+        plan = record.plan
+        if plan is None:
+            plan = record.plan = SpanPlan(
+                budget=self._budget,
+                emit=lambda ev, prefix: self._task_span(record, ev, prefix),
+                emit_aggregate=lambda agg: self._aggregate_span(record, agg),
+            )
+        sink = record.sink
+        count = len(sink)
+        if count:
+            events = sink[:count]
+            del sink[:count]  # appends may land meanwhile; they stay at the end
+            record.seen += count
+            self._consume(record, plan, events)
+        if record.end_ns is None:
+            return
+        settled = record.seen + record.lost >= record.submitted
+        if settled or time.time_ns() - record.end_ns > STRAGGLER_WAIT_NS:
+            self._finish(record, plan)
+
+    def _consume(self, record: ComputeRecord, plan: SpanPlan, events: list[TaskEvent]) -> None:
+        record_task = self._metrics.record_task
+        scheduler = record.scheduler
+        add = plan.add if record.sampled else None
+        for ev in events:
+            prefix = key_split(ev.key)
+            record_task(ev, prefix, scheduler)
+            if add is not None:
+                add(ev, prefix)
+
+    def _task_span(self, record: ComputeRecord, ev: TaskEvent, prefix: str) -> None:
+        self._emitter.emit(
+            parent=record.span, name=prefix, start_ns=ev.start_ns, end_ns=ev.end_ns,
+            attributes=task_attributes(ev, prefix, record.graph, record.state), error=ev.error,
+        )
+
+    def _aggregate_span(self, record: ComputeRecord, agg: Aggregate) -> None:
+        self.tasks_aggregated += agg.count
+        self._emitter.emit(parent=record.span, name=agg.prefix, start_ns=agg.start_ns,
+                           end_ns=agg.end_ns, attributes=aggregate_attributes(agg))
+
+    def _finish(self, record: ComputeRecord, plan: SpanPlan) -> None:
+        plan.finish()
+        span = record.span
+        span.set_attribute("dask.graph.tasks", record.seen)
+        if record.lost:
+            span.set_attribute("dask.graph.tasks_lost", record.lost)
+        failed = record.error is not None
+        if failed:
+            info = describe_exception(record.error)
+            span.add_event("exception", exception_event_attributes(info), timestamp=record.end_ns)
+            span.set_attribute("error.type", info.type_name)
+            span.set_status(Status(StatusCode.ERROR, f"{info.type_name}: {info.message}"[:1024]))
+        span.end(end_time=record.end_ns)
+        self._metrics.record_compute((record.end_ns - record.start_ns) / 1e9, record.scheduler, failed)
+        self._forget(record)
+
+    def _forget(self, record: ComputeRecord) -> None:
+        with self._lock:
+            if record in self._records:
+                self._records.remove(record)
+        # Drop references to the user's graph and results as soon as we are done.
+        record.graph = record.state = None
