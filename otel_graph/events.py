@@ -80,6 +80,22 @@ def key_to_str(key: Any) -> str:
     return _cut(text, MAX_KEY_CHARS)
 
 
+def task_prefix(key: Any) -> str:
+    """``dask.utils.key_split``, but total: a key it cannot split (non-UTF-8 bytes) still gets a name.
+
+    >>> task_prefix(("load-8a6f31c2", 3))
+    'load'
+    >>> task_prefix(b"\\xff-raw")
+    'Other'
+    """
+    from dask.utils import key_split
+
+    try:
+        return key_split(key)
+    except Exception:
+        return "Other"
+
+
 def describe_exception(exc: BaseException) -> ErrorInfo:
     """The exception's type, message and stack trace, bounded in size; never raises."""
     kind = type(exc)

@@ -24,6 +24,7 @@ import threading
 from typing import Any
 
 from opentelemetry import metrics, trace
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_graph._version import __version__
 from otel_graph.config import Settings, load_settings
@@ -35,7 +36,7 @@ from otel_graph.tracker import Tracker
 
 logger = logging.getLogger("otel_graph")
 
-SCOPE = "otel_graph"
+SCOPE = InstrumentationScope("otel_graph", __version__)
 
 
 class _Process:
@@ -62,7 +63,7 @@ def _is_sdk_meter_provider(provider: Any) -> bool:
 def _owned_sdk(settings: Settings, *, traces: bool, metrics_: bool) -> OwnedSdk:
     owned = _Process.owned
     if owned is None:
-        owned = _Process.owned = build_sdk(settings, traces=traces, metrics=metrics_)
+        owned = _Process.owned = build_sdk(settings, traces=traces, metrics=metrics_, scope=SCOPE)
         if owned.tracer_provider is not None:
             trace.set_tracer_provider(owned.tracer_provider)
         if owned.meter_provider is not None:
@@ -84,16 +85,17 @@ class Instrumentation:
             meter_provider = self._owned.meter_provider
         tracer_provider = tracer_provider or trace.get_tracer_provider()
         meter_provider = meter_provider or metrics.get_meter_provider()
-        tracer = tracer_provider.get_tracer(SCOPE, __version__)
-        meter = meter_provider.get_meter(SCOPE, __version__)
+        tracer = tracer_provider.get_tracer(SCOPE.name, SCOPE.version)
+        meter = meter_provider.get_meter(SCOPE.name, SCOPE.version)
 
-        owns_tracing = self._owned is not None and tracer_provider is self._owned.tracer_provider
+        owned = self._owned
         emitter: Any = ApiEmitter(tracer)
-        if owns_tracing and hasattr(tracer_provider, "_active_span_processor"):
-            from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-
-            emitter = DirectEmitter(tracer_provider, InstrumentationScope(SCOPE, __version__))
-        self._tracker = Tracker(tracer=tracer, emitter=emitter, metrics=TaskMetrics(meter),
+        if owned is not None and tracer_provider is owned.tracer_provider and hasattr(
+                tracer_provider, "_active_span_processor"):
+            emitter = DirectEmitter(tracer_provider, SCOPE)
+        histograms = owned.histograms if owned is not None and meter_provider is owned.meter_provider else None
+        self._tracker = Tracker(tracer=tracer, emitter=emitter,
+                                metrics=TaskMetrics(meter, histograms=histograms),
                                 max_task_spans=settings.max_task_spans,
                                 drain_interval_s=settings.drain_interval_s)
         self._stop_readings = lambda: None

@@ -23,11 +23,13 @@ bounded however many distinct keys run.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from otel_graph.events import TaskEvent
+from otel_graph.histograms import HistogramSet, PreAggregatedHistogram
 
 DURATION_BUCKETS_S = (
     0.00001, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
@@ -37,45 +39,63 @@ SIZE_BUCKETS_BY = tuple(float(64 * 4**i) for i in range(14))  # 64 B .. 4 GiB
 
 
 class TaskMetrics:
-    """The task and compute instruments on one meter."""
+    """The task and compute histograms, through the API or pre-aggregated (see histograms.py)."""
 
-    def __init__(self, meter: Meter) -> None:
-        self._duration = meter.create_histogram(
-            "dask.task.duration", unit="s", description="Time a task's function ran.",
-            explicit_bucket_boundaries_advisory=DURATION_BUCKETS_S,
+    def __init__(self, meter: Meter, *, histograms: HistogramSet | None = None) -> None:
+        specs = (
+            ("dask.task.duration", "s", "Time a task's function ran.", DURATION_BUCKETS_S),
+            ("dask.task.output.size", "By", "dask.sizeof of a task's result.", SIZE_BUCKETS_BY),
+            ("dask.compute.duration", "s", "Wall time of a compute, end to end.", DURATION_BUCKETS_S),
         )
-        self._size = meter.create_histogram(
-            "dask.task.output.size", unit="By", description="dask.sizeof of a task's result.",
-            explicit_bucket_boundaries_advisory=SIZE_BUCKETS_BY,
-        )
-        self._compute = meter.create_histogram(
-            "dask.compute.duration", unit="s", description="Wall time of a compute, end to end.",
-            explicit_bucket_boundaries_advisory=DURATION_BUCKETS_S,
-        )
-        self._attributes: dict[tuple[str, str, bool], dict[str, str]] = {}
-        self._size_attributes: dict[str, dict[str, str]] = {}
+        self._histograms = histograms
+        if histograms is not None:
+            made = [histograms.add(PreAggregatedHistogram(name, unit, text, bounds))
+                    for name, unit, text, bounds in specs]
+            self._duration, self._size, self._compute = (h.record for h in made)
+        else:
+            made = [meter.create_histogram(name, unit=unit, description=text,
+                                           explicit_bucket_boundaries_advisory=bounds)
+                    for name, unit, text, bounds in specs]
+            self._duration, self._size, self._compute = (_api_record(h) for h in made)
+        self._attributes: dict[tuple[str, str, bool], tuple[tuple[str, str], ...]] = {}
+        self._size_attributes: dict[str, tuple[tuple[str, str], ...]] = {}
+
+    def batch(self) -> AbstractContextManager:
+        """Hold for a run of :meth:`record_task` calls: one lock round trip per batch, not per task."""
+        return self._histograms.lock if self._histograms is not None else nullcontext()
 
     def record_task(self, ev: TaskEvent, prefix: str, scheduler: str) -> None:
         failed = ev.error is not None
         attributes = self._attributes.get((prefix, scheduler, failed))
         if attributes is None:
-            attributes = self._attributes[(prefix, scheduler, failed)] = {
-                "dask.task.prefix": prefix,
-                "dask.scheduler": scheduler,
-                "dask.task.outcome": "error" if failed else "success",
-            }
-        self._duration.record((ev.end_ns - ev.start_ns) / 1e9, attributes)
+            attributes = self._attributes[(prefix, scheduler, failed)] = (
+                ("dask.scheduler", scheduler),
+                ("dask.task.outcome", "error" if failed else "success"),
+                ("dask.task.prefix", prefix),
+            )
+        self._duration(attributes, (ev.end_ns - ev.start_ns) / 1e9)
         if not failed and ev.nbytes >= 0:
             size_attributes = self._size_attributes.get(prefix)
             if size_attributes is None:
-                size_attributes = self._size_attributes[prefix] = {"dask.task.prefix": prefix}
-            self._size.record(ev.nbytes, size_attributes)
+                size_attributes = self._size_attributes[prefix] = (("dask.task.prefix", prefix),)
+            self._size(size_attributes, ev.nbytes)
 
     def record_compute(self, duration_s: float, scheduler: str, failed: bool) -> None:
-        self._compute.record(duration_s, {
-            "dask.scheduler": scheduler,
-            "dask.task.outcome": "error" if failed else "success",
-        })
+        with self.batch():
+            self._compute((("dask.scheduler", scheduler),
+                           ("dask.task.outcome", "error" if failed else "success")), duration_s)
+
+
+def _api_record(instrument: Any) -> Callable[[tuple[tuple[str, str], ...], float], None]:
+    cache: dict[tuple, dict[str, str]] = {}
+
+    def record(attributes: tuple[tuple[str, str], ...], value: float) -> None:
+        as_dict = cache.get(attributes)
+        if as_dict is None:
+            as_dict = cache[attributes] = dict(attributes)
+        instrument.record(value, as_dict)
+
+    return record
 
 
 def observe_memory(meter: Meter, held: Callable[[], Iterable[tuple[str, int, int]]]) -> None:

@@ -27,9 +27,17 @@ import time
 from collections import deque
 from typing import Any
 
-from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
+from opentelemetry.sdk.metrics import Histogram as HistogramInstrument
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
+)
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from otel_graph.histograms import HistogramSet
 
 logger = logging.getLogger("otel_graph")
 
@@ -186,16 +194,20 @@ class ReliableSpanProcessor(SpanProcessor):
 class CountingMetricExporter(MetricExporter):
     """Counts data points exported and not delivered; delegates everything else."""
 
-    def __init__(self, inner: MetricExporter) -> None:
+    def __init__(self, inner: MetricExporter, *, histograms: HistogramSet | None = None) -> None:
         super().__init__(preferred_temporality=inner._preferred_temporality,
                          preferred_aggregation=inner._preferred_aggregation)
         self._inner = inner
+        self._histograms = histograms
         self.exported = 0
         self.undelivered = 0
         self.inflight = 0
 
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
                ) -> MetricExportResult:
+        if self._histograms is not None:
+            temporality = self._preferred_temporality.get(HistogramInstrument, AggregationTemporality.CUMULATIVE)
+            metrics_data = self._histograms.merge_into(metrics_data, temporality)
         points = _count_points(metrics_data)
         self.inflight = points
         try:

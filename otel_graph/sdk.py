@@ -35,12 +35,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.export import AggregationTemporality, MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_graph.config import ConfigurationError, Settings, otlp_protocol
+from otel_graph.histograms import HistogramSet
 from otel_graph.pipeline import CountingMetricExporter, ReliableSpanProcessor
 
 logger = logging.getLogger("otel_graph")
@@ -81,7 +83,7 @@ def _metric_exporter(settings: Settings) -> Any:
     return OTLPMetricExporter()
 
 
-def _prometheus_reader(settings: Settings) -> MetricReader:
+def _prometheus_reader(settings: Settings, histograms: HistogramSet) -> MetricReader:
     try:
         from opentelemetry.exporter.prometheus import PrometheusMetricReader
         from prometheus_client import start_http_server
@@ -90,7 +92,13 @@ def _prometheus_reader(settings: Settings) -> MetricReader:
             "OTEL_METRICS_EXPORTER='prometheus' needs the prometheus exporter: "
             "pip install 'otel-graph[prometheus]'"
         ) from None
-    reader = PrometheusMetricReader()
+    class MergingPrometheusReader(PrometheusMetricReader):
+        def _receive_metrics(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> None:
+            if metrics_data is not None:
+                metrics_data = histograms.merge_into(metrics_data, AggregationTemporality.CUMULATIVE)
+            super()._receive_metrics(metrics_data, timeout_millis, **kwargs)
+
+    reader = MergingPrometheusReader()
     try:
         start_http_server(port=settings.prometheus_port, addr=settings.prometheus_host)
     except OSError as exc:
@@ -109,6 +117,7 @@ class OwnedSdk:
     meter_provider: MeterProvider | None = None
     span_processor: ReliableSpanProcessor | None = None
     metric_exporter: CountingMetricExporter | None = None
+    histograms: HistogramSet | None = None
 
     def stats(self) -> dict[str, int]:
         spans, points = self.span_processor, self.metric_exporter
@@ -160,7 +169,7 @@ def _bounded(call: Any, timeout_s: float) -> bool:
     return bool(outcome) and outcome[0] is not False
 
 
-def build_sdk(settings: Settings, *, traces: bool, metrics: bool) -> OwnedSdk:
+def build_sdk(settings: Settings, *, traces: bool, metrics: bool, scope: InstrumentationScope) -> OwnedSdk:
     owned = OwnedSdk()
     resource = build_resource()
     if traces:
@@ -172,10 +181,12 @@ def build_sdk(settings: Settings, *, traces: bool, metrics: bool) -> OwnedSdk:
         owned.tracer_provider = provider
     if metrics:
         readers: list[MetricReader] = []
+        owned.histograms = HistogramSet(scope)
         if settings.metrics_exporter == "prometheus":
-            readers.append(_prometheus_reader(settings))
+            readers.append(_prometheus_reader(settings, owned.histograms))
         elif settings.metrics_exporter != "none":
-            owned.metric_exporter = CountingMetricExporter(_metric_exporter(settings))
+            owned.metric_exporter = CountingMetricExporter(_metric_exporter(settings),
+                                                           histograms=owned.histograms)
             readers.append(PeriodicExportingMetricReader(
                 owned.metric_exporter, export_interval_millis=settings.metric_export_interval_ms))
         owned.meter_provider = MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False)

@@ -41,20 +41,42 @@ from otel_graph.policy import Aggregate
 MAX_DEPENDENCIES = 32
 
 
+MAX_FUNCTION_NAMES = 16
+
+
 def _function_names(node: Any) -> str | None:
-    """The function a graph node calls; for fused nodes the functions inside, in order."""
-    from dask._task_spec import Task, _execute_subgraph
+    """The functions a graph node calls, innermost first: fused nodes hold several.
+
+    Fusion comes in two shapes: ``Task`` arguments that are themselves tasks (the
+    legacy ``dask.optimization.fuse``), and ``_execute_subgraph`` over an inner graph
+    (``fuse_linear_task_spec``). Both are walked; containers are looked through.
+    """
+    from dask._task_spec import NestedContainer, Task, _execute_subgraph
     from dask.utils import funcname
 
-    if not isinstance(node, Task):
-        return None
-    if node.func is _execute_subgraph and node.args and isinstance(node.args[0], Mapping):
-        inner = [_function_names(sub) for sub in node.args[0].values()]
-        return ", ".join(name for name in inner if name)
-    try:
-        return funcname(node.func)
-    except Exception:
-        return None
+    names: list[str] = []
+
+    def visit(value: Any, depth: int) -> None:
+        if len(names) >= MAX_FUNCTION_NAMES or depth > 32:
+            return
+        if isinstance(value, Task):
+            if value.func is _execute_subgraph and value.args and isinstance(value.args[0], Mapping):
+                for inner in value.args[0].values():
+                    visit(inner, depth + 1)
+                return
+            for arg in (*value.args, *value.kwargs.values()):
+                visit(arg, depth + 1)
+            if not isinstance(value, NestedContainer):
+                try:
+                    names.append(funcname(value.func))
+                except Exception:
+                    return
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                visit(item, depth + 1)
+
+    visit(node, 0)
+    return ", ".join(names) or None
 
 
 def task_attributes(ev: TaskEvent, prefix: str, graph: Mapping | None, state: Mapping | None) -> dict[str, Any]:

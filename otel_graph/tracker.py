@@ -25,11 +25,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from dask.utils import key_split
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
-from otel_graph.events import TaskEvent, describe_exception
+from otel_graph.events import TaskEvent, describe_exception, task_prefix
 from otel_graph.metrics import TaskMetrics
 from otel_graph.policy import Aggregate, SpanPlan
 from otel_graph.spans import aggregate_attributes, exception_event_attributes, task_attributes
@@ -160,7 +159,7 @@ class Tracker:
                 except Exception:  # never let one bad compute stop telemetry for the rest
                     self.processing_errors += 1
                     logger.debug("otel_graph: failed to process a compute", exc_info=True)
-                    self._forget(record)
+                    self._abandon(record)
             with self._wake:
                 self._completed = target
                 self._wake.notify_all()
@@ -189,11 +188,13 @@ class Tracker:
     def _consume(self, record: ComputeRecord, plan: SpanPlan, events: list[TaskEvent]) -> None:
         record_task = self._metrics.record_task
         scheduler = record.scheduler
-        add = plan.add if record.sampled else None
-        for ev in events:
-            prefix = key_split(ev.key)
-            record_task(ev, prefix, scheduler)
-            if add is not None:
+        prefixes = [task_prefix(ev.key) for ev in events]
+        with self._metrics.batch():
+            for ev, prefix in zip(events, prefixes):
+                record_task(ev, prefix, scheduler)
+        if record.sampled:
+            add = plan.add
+            for ev, prefix in zip(events, prefixes):
                 add(ev, prefix)
 
     def _task_span(self, record: ComputeRecord, ev: TaskEvent, prefix: str) -> None:
@@ -223,9 +224,18 @@ class Tracker:
         self._metrics.record_compute((record.end_ns - record.start_ns) / 1e9, record.scheduler, failed)
         self._forget(record)
 
+    def _abandon(self, record: ComputeRecord) -> None:
+        # Still close the root span, so the trace is not left with a span that never ends.
+        try:
+            record.span.set_attribute("dask.graph.tasks", record.seen)
+            record.span.set_attribute("otel_graph.processing_error", True)
+            record.span.end(end_time=record.end_ns or time.time_ns())
+        finally:
+            self._forget(record)
+
     def _forget(self, record: ComputeRecord) -> None:
         with self._lock:
             if record in self._records:
                 self._records.remove(record)
         # Drop references to the user's graph and results as soon as we are done.
-        record.graph = record.state = None
+        record.graph = record.state = record.error = None

@@ -1,0 +1,79 @@
+"""Shared fixtures: real SDK providers with in-memory readers, and an instrumented Dask."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+
+@dataclass
+class Telemetry:
+    """What an instrumented test produced, read from real SDK in-memory exporters."""
+
+    handle: Any
+    exporter: InMemorySpanExporter
+    reader: InMemoryMetricReader
+    tracer_provider: TracerProvider
+
+    def spans(self) -> list[ReadableSpan]:
+        assert self.handle.flush(timeout_s=30), "flush did not complete"
+        return list(self.exporter.get_finished_spans())
+
+    def roots(self) -> list[ReadableSpan]:
+        return [s for s in self.spans() if s.name == "dask.compute"]
+
+    def children(self, root: ReadableSpan) -> list[ReadableSpan]:
+        return [s for s in self.spans() if s.parent is not None and s.parent.span_id == root.context.span_id]
+
+    def points(self, name: str) -> list[Any]:
+        self.handle.flush(timeout_s=30)
+        data = self.reader.get_metrics_data()
+        found = []
+        for resource in data.resource_metrics if data else ():
+            for scope in resource.scope_metrics:
+                for metric in scope.metrics:
+                    if metric.name == name:
+                        found.extend(metric.data.data_points)
+        return found
+
+
+@pytest.fixture
+def telemetry(request: pytest.FixtureRequest) -> Iterator[Telemetry]:
+    import otel_graph
+
+    options = getattr(request, "param", {}) or {}
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    reader = InMemoryMetricReader()
+    meter_provider = MeterProvider(metric_readers=[reader])
+    handle = otel_graph.instrument_scheduler(tracer_provider=tracer_provider, meter_provider=meter_provider,
+                                             resources=False, **options)
+    try:
+        yield Telemetry(handle, exporter, reader, tracer_provider)
+    finally:
+        handle.uninstrument()
+        meter_provider.shutdown()
+        tracer_provider.shutdown()
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """The environment for a child Python that imports otel_graph from this checkout."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "PYTEST_"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests"), env.get("PYTHONPATH", "")])
+    env.update(extra)
+    return env

@@ -1,0 +1,278 @@
+"""Spans from Dask's local schedulers, read back from a real SDK's in-memory exporter."""
+
+from __future__ import annotations
+
+import threading
+
+import dask
+import pytest
+from graphs import DSK, add, boom, inc, timed_sleep
+from opentelemetry import trace
+from opentelemetry.trace import StatusCode
+
+SCHEDULERS = ["sync", "threads", "processes"]
+
+
+def compute(graph: dict, keys: object, scheduler: str, **kwargs: object) -> object:
+    if scheduler == "processes":
+        # The processes scheduler fuses linear chains by default; keep task names stable.
+        kwargs.setdefault("optimize_graph", False)
+        return dask.multiprocessing.get(graph, keys, **kwargs)
+    getters = {"sync": dask.get, "threads": dask.threaded.get}
+    return getters[scheduler](graph, keys, **kwargs)
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_one_trace_per_compute_with_a_span_per_task(telemetry, scheduler):
+    assert compute(DSK, "z", scheduler) == 12
+    (root,) = telemetry.roots()
+    assert root.attributes["dask.scheduler"] == scheduler
+    assert root.attributes["dask.graph.tasks"] == 2
+    tasks = {s.attributes["dask.task.key"]: s for s in telemetry.children(root)}
+    assert set(tasks) == {"y", "z"}
+    assert {s.context.trace_id for s in tasks.values()} == {root.context.trace_id}
+    y, z = tasks["y"], tasks["z"]
+    assert y.name == "y" and y.attributes["code.function.name"] == "inc"
+    assert z.attributes["dask.task.dependencies"] == ("y",)
+    assert z.attributes["dask.task.dependency_count"] == 1
+    assert y.attributes["dask.task.dependent_count"] == 1
+    assert z.attributes["dask.task.type"] == "int"
+    assert z.attributes["dask.task.nbytes"] == 28
+    assert int(z.attributes["dask.worker.id"]) > 0 and isinstance(z.attributes["thread.id"], int)
+    for span in tasks.values():
+        assert root.start_time <= span.start_time <= span.end_time <= root.end_time
+        assert span.status.status_code == StatusCode.UNSET
+
+
+def test_span_name_is_the_prefix_never_the_key(telemetry):
+    graph = {("load-abc123", i): (inc, i) for i in range(3)}
+    dask.get(graph, list(graph))
+    names = {s.name for s in telemetry.spans() if s.name != "dask.compute"}
+    assert names == {"load"}
+    keys = sorted(s.attributes["dask.task.key"] for s in telemetry.spans() if s.name == "load")
+    assert keys == ["('load-abc123', 0)", "('load-abc123', 1)", "('load-abc123', 2)"]
+
+
+@pytest.mark.parametrize("scheduler", ["threads", "processes"])
+def test_task_spans_are_timed_where_the_task_ran(telemetry, scheduler):
+    # The processes scheduler reports batches late; spans must still match the real run.
+    graph = {f"nap-{i}": (timed_sleep, 0.05 + 0.01 * i) for i in range(8)}
+    results = dict(zip(graph, compute(graph, list(graph), scheduler)))
+    spans = {s.attributes["dask.task.key"]: s for s in telemetry.spans() if s.name == "nap"}
+    assert set(spans) == set(graph)
+    for key, (start, end) in results.items():
+        assert abs(spans[key].start_time - start) < 50_000_000
+        assert abs(spans[key].end_time - end) < 50_000_000
+
+
+def test_fused_tasks_name_their_inner_functions(telemetry):
+    graph = {"a": 1, "b": (inc, "a"), "c": (add, "b", 2)}
+    assert dask.multiprocessing.get(graph, "c") == 4  # fuses b and c
+    fused = [s for s in telemetry.spans() if s.name != "dask.compute" and "," in
+             s.attributes.get("code.function.name", "")]
+    assert fused and fused[0].attributes["code.function.name"] == "inc, add"
+
+
+def test_processes_report_the_worker_pid(telemetry):
+    import os
+
+    graph = {f"pid-{i}": (os.getpid,) for i in range(4)}
+    pids = compute(graph, list(graph), "processes")
+    spans = [s for s in telemetry.spans() if s.name == "pid"]
+    assert sorted(s.attributes["dask.worker.id"] for s in spans) == sorted(str(p) for p in pids)
+    assert str(os.getpid()) not in {s.attributes["dask.worker.id"] for s in spans}
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_failed_task_carries_the_real_exception(telemetry, scheduler):
+    graph = {"x": 1, "bad": (boom, "x"), "out": (inc, "bad")}
+    with pytest.raises(ValueError, match="boom on 1"):
+        compute(graph, "out", scheduler)
+    (root,) = telemetry.roots()
+    assert root.status.status_code == StatusCode.ERROR
+    (bad,) = [s for s in telemetry.spans() if s.name == "bad"]
+    assert bad.status.status_code == StatusCode.ERROR
+    assert bad.attributes["error.type"] == "ValueError"
+    (event,) = [e for e in bad.events if e.name == "exception"]
+    assert event.attributes["exception.type"] == "ValueError"
+    assert event.attributes["exception.message"] == "boom on 1"
+    assert "in boom" in event.attributes["exception.stacktrace"]
+    assert "dask.task.nbytes" not in bad.attributes
+
+
+@pytest.mark.parametrize("key", [
+    "plain", b"bytes-key", ("tuple-key", 1, 2), ("nest", ("deep", (1, 2))), "ünïcødé-ключ", b"\xff\xfe-raw",
+])
+def test_keys_of_every_shape_become_readable_strings(telemetry, key):
+    dask.get({key: (inc, 1)}, key)
+    (span,) = [s for s in telemetry.spans() if s.name != "dask.compute"]
+    text = span.attributes["dask.task.key"]
+    assert isinstance(text, str) and text
+    text.encode("utf-8")  # valid unicode, whatever the key held
+
+
+def test_compute_is_a_child_of_the_callers_span(telemetry):
+    tracer = telemetry.tracer_provider.get_tracer("user")
+    with tracer.start_as_current_span("pipeline") as outer:
+        dask.get(DSK, "z")
+    (root,) = telemetry.roots()
+    assert root.parent is not None and root.parent.span_id == outer.get_span_context().span_id
+    assert root.context.trace_id == outer.get_span_context().trace_id
+
+
+def test_each_compute_is_its_own_trace(telemetry):
+    dask.get(DSK, "z")
+    dask.get(DSK, "z")
+    roots = telemetry.roots()
+    assert len(roots) == 2 and roots[0].context.trace_id != roots[1].context.trace_id
+
+
+@pytest.mark.parametrize("telemetry", [{"max_task_spans": 10}], indirect=True)
+def test_span_budget_folds_the_rest_and_accounts_for_every_task(telemetry):
+    graph = {("many", i): (inc, i) for i in range(100)}
+    graph.update({("other", i): (add, ("many", i), 1) for i in range(50)})
+    dask.get(graph, list(graph))
+    (root,) = telemetry.roots()
+    children = telemetry.children(root)
+    singles = [s for s in children if "dask.task.count" not in s.attributes]
+    aggregates = [s for s in children if "dask.task.count" in s.attributes]
+    assert len(singles) == 10
+    assert {a.name for a in aggregates} == {"many", "other"}
+    assert len(singles) + sum(a.attributes["dask.task.count"] for a in aggregates) == 150
+    assert root.attributes["dask.graph.tasks"] == 150
+    for agg in aggregates:
+        attrs = agg.attributes
+        assert attrs["dask.task.duration.min"] <= attrs["dask.task.duration.mean"] <= attrs["dask.task.duration.max"]
+        assert agg.start_time <= agg.end_time
+    assert telemetry.handle.stats()["tasks_aggregated"] == 140
+
+
+@pytest.mark.parametrize("telemetry", [{"max_task_spans": 0}], indirect=True)
+def test_failed_tasks_always_get_spans(telemetry):
+    graph = {"ok-1": (inc, 1), "bad": (boom, "ok-1")}
+    with pytest.raises(ValueError):
+        dask.get(graph, "bad")
+    (bad,) = [s for s in telemetry.spans() if s.name == "bad"]
+    assert bad.status.status_code == StatusCode.ERROR
+    (agg,) = [s for s in telemetry.spans() if s.name == "ok"]
+    assert agg.attributes["dask.task.count"] == 1
+
+
+def test_concurrent_computes_from_threads_are_all_traced(telemetry):
+    # dask's global Callback.active loses callbacks here; per-call wrapping must not.
+    barrier = threading.Barrier(4)
+    graph = {f"t-{i}": (timed_sleep, 0.02) for i in range(6)}
+
+    def run() -> None:
+        barrier.wait()
+        dask.threaded.get(graph, list(graph), num_workers=2)
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    roots = telemetry.roots()
+    assert len(roots) == 4
+    for root in roots:
+        assert len(telemetry.children(root)) == 6
+
+
+def test_nested_compute_inside_a_task_keeps_the_outer_trace_whole(telemetry):
+    def inner(x: int) -> int:
+        return dask.get({"a": x, "b": (inc, "a")}, "b")
+
+    graph = {"x": 1, "outer": (inner, "x"), "final": (inc, "outer")}
+    assert dask.get(graph, "final") == 3
+    roots = telemetry.roots()
+    assert len(roots) == 2
+    outer = next(r for r in roots if r.attributes["dask.graph.tasks"] == 2)
+    nested = next(r for r in roots if r is not outer)
+    assert {s.name for s in telemetry.children(outer)} == {"outer", "final", "dask.compute"}
+    assert [s.name for s in telemetry.children(nested)] == ["b"]
+    # The nested compute is part of the outer trace, under the outer compute, not a stray one.
+    assert nested.context.trace_id == outer.context.trace_id
+    assert nested.parent.span_id == outer.context.span_id
+
+
+def test_dask_callbacks_still_work_alongside(telemetry):
+    from dask.diagnostics import Profiler
+
+    with Profiler() as prof:
+        dask.threaded.get(DSK, "z")
+    assert {r.key for r in prof.results} == {"y", "z"}
+    assert len(telemetry.roots()) == 1
+
+
+def test_metrics_count_every_task(telemetry):
+    graph = {("m", i): (inc, i) for i in range(20)}
+    dask.get(graph, list(graph))
+    (point,) = [p for p in telemetry.points("dask.task.duration")
+                if p.attributes["dask.task.prefix"] == "m"]
+    assert point.count == 20
+    assert point.attributes == {"dask.task.prefix": "m", "dask.scheduler": "sync",
+                                "dask.task.outcome": "success"}
+    (size,) = [p for p in telemetry.points("dask.task.output.size") if p.attributes["dask.task.prefix"] == "m"]
+    assert size.count == 20 and size.sum == 20 * 28
+    (computes,) = telemetry.points("dask.compute.duration")
+    assert computes.count == 1
+
+
+def test_instrument_is_idempotent_and_uninstrument_restores_dask():
+    import dask.local
+    import dask.multiprocessing
+    import dask.threaded
+    from dask.callbacks import Callback
+    from opentelemetry.sdk.trace import TracerProvider
+
+    import otel_graph
+
+    before = (dask.local.get_async, dask.threaded.get_async, dask.multiprocessing.get_async,
+              dask.local.start_state_from_dask, set(Callback.active))
+    provider = TracerProvider()
+    handle = otel_graph.instrument_scheduler(tracer_provider=provider, meter_provider=_noop_meter(),
+                                             resources=False)
+    assert otel_graph.instrument_scheduler() is handle
+    assert dask.local.get_async is not before[0]
+    handle.uninstrument()
+    after = (dask.local.get_async, dask.threaded.get_async, dask.multiprocessing.get_async,
+             dask.local.start_state_from_dask, set(Callback.active))
+    assert after == before
+    handle.uninstrument()  # twice is harmless
+    with otel_graph.instrument_scheduler(tracer_provider=provider, meter_provider=_noop_meter(),
+                                         resources=False) as again:
+        assert again is not handle
+    assert dask.local.get_async is before[0]
+
+
+def _noop_meter():
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    return MeterProvider()
+
+
+def test_results_and_arguments_are_never_recorded(telemetry):
+    secret = "hunter2-secret-token"
+    dask.get({"s": secret, "t": (str.upper, "s")}, "t")
+    for span in telemetry.spans():
+        for value in span.attributes.values():
+            assert secret.upper() not in str(value) and secret not in str(value)
+
+
+def test_untraced_when_no_span_is_sampled():
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+    import otel_graph
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ALWAYS_OFF)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    with otel_graph.instrument_scheduler(tracer_provider=provider, meter_provider=_noop_meter(),
+                                         resources=False) as handle:
+        assert dask.get(DSK, "z") == 12
+        assert handle.flush(timeout_s=10)
+    assert exporter.get_finished_spans() == ()
+    assert trace.get_current_span() is trace.INVALID_SPAN
