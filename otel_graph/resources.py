@@ -1,0 +1,286 @@
+"""CPU, memory and GPU readings as OpenTelemetry observable instruments.
+
+A task span says how long a task took; these readings say what the machine did
+meanwhile. They cost nothing per task: every instrument is *observable*, so
+psutil is asked only when a metric reader collects, once per export interval.
+
+Usage
+-----
+>>> from opentelemetry.sdk.metrics import MeterProvider
+>>> from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+>>> reader = InMemoryMetricReader()
+>>> provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
+>>> stop = observe_resources(provider.get_meter("example"), gpu=False)
+>>> import time; time.sleep(0.1)  # a utilization needs time to pass, or it has no point
+>>> data = reader.get_metrics_data()
+>>> sorted({m.name for rm in data.resource_metrics
+...         for sm in rm.scope_metrics for m in sm.metrics})  # doctest: +NORMALIZE_WHITESPACE
+['process.cpu.utilization', 'process.memory.usage', 'process.memory.virtual',
+ 'system.cpu.utilization', 'system.memory.usage', 'system.memory.utilization']
+>>> stop()  # OpenTelemetry cannot unregister instruments; from now on they report nothing
+>>> provider.shutdown()
+
+Instruments
+-----------
+Semantic-convention names, units and attributes:
+
+==========================  ============  ====  ===============================
+name                        kind          unit  attributes
+==========================  ============  ====  ===============================
+process.cpu.utilization     gauge         1     ``cpu.mode``: user, system
+process.memory.usage        up-down sum   By    (resident set size)
+process.memory.virtual      up-down sum   By
+system.cpu.utilization      gauge         1     ``cpu.mode``: user, nice, system,
+                                                idle, iowait, interrupt, steal
+system.memory.usage         up-down sum   By    ``system.memory.state``: used,
+system.memory.utilization   gauge         1     free, buffers, cached
+==========================  ============  ====  ===============================
+
+A utilization is the fraction of time since the previous reading (the first
+covers the time since ``observe_resources``), from 0 to 1. The process's is
+divided by the CPUs it may run on, so 1 means "all my CPUs, all the time"; the
+system's covers all CPUs together. Each mode or state appears where the
+platform has it. Being deltas, two readers on one provider each see the time
+since *either* last collected. GPUs: see :mod:`otel_graph.gpu`.
+
+Errors
+------
+A reading that fails yields no point and never raises into the SDK. Failures
+are counted (:func:`reading_errors`) and the first failure of each instrument is
+logged at DEBUG with its traceback.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import psutil
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
+
+__all__ = ["observe_resources", "reading_errors"]
+
+logger = logging.getLogger(__name__)
+
+Reading = Callable[[], Iterable[Observation]]
+Callback = Callable[[CallbackOptions], Iterable[Observation]]
+
+
+def observe_resources(meter: Meter, *, gpu: bool = True) -> Callable[[], None]:
+    """Create the process, system and (optionally) GPU instruments on ``meter``.
+
+    Parameters
+    ----------
+    meter
+        Where the instruments are created.
+    gpu
+        Also observe NVIDIA GPUs through NVML (:func:`otel_graph.gpu.observe_gpus`).
+        Without NVML or GPUs this adds instruments that never report.
+
+    Returns
+    -------
+    stop
+        Call it to make every callback created here report nothing from then on.
+    """
+    switch = Switch()
+    system_cpu, process_cpu, process = _SystemCpu(), _ProcessCpu(), _ThisProcess()
+    gauge, updown = meter.create_observable_gauge, meter.create_observable_up_down_counter
+    instruments: list[tuple[Callable[..., Any], str, str, Reading, str]] = [
+        (gauge, "process.cpu.utilization", "1", process_cpu.read,
+         "Difference in process.cpu.time since the last measurement, divided by the "
+         "elapsed time and number of CPUs available to the process."),
+        (updown, "process.memory.usage", "By", lambda: [Observation(process.get().memory_info().rss)],
+         "The amount of physical memory in use."),
+        (updown, "process.memory.virtual", "By", lambda: [Observation(process.get().memory_info().vms)],
+         "The amount of committed virtual memory."),
+        (gauge, "system.cpu.utilization", "1", system_cpu.read,
+         "Fraction of all CPUs' time spent in each mode since the last measurement."),
+        (updown, "system.memory.usage", "By", lambda: _system_memory(fraction=False),
+         "Reports memory in use by state."),
+        (gauge, "system.memory.utilization", "1", lambda: _system_memory(fraction=True),
+         "Fraction of memory bytes in each state."),
+    ]  # fmt: skip
+    for create, name, unit, read, description in instruments:
+        create(name, [guarded(name, read, switch)], unit=unit, description=description)
+    if not gpu:
+        return switch.stop
+    from otel_graph.gpu import observe_gpus  # imported here: gpu.py imports this module
+
+    stop_gpus = observe_gpus(meter)
+
+    def stop() -> None:
+        switch.stop()
+        stop_gpus()
+
+    return stop
+
+
+def reading_errors() -> int:
+    """How many readings have failed in this process (each failure yields no point)."""
+    return _ERRORS.count
+
+
+class Switch:
+    """The flag behind a ``stop()``: instruments cannot be unregistered, only silenced."""
+
+    def __init__(self) -> None:
+        self.on = True
+
+    def stop(self) -> None:
+        self.on = False
+
+
+def guarded(name: str, read: Reading, switch: Switch) -> Callback:
+    """Wrap ``read`` as an SDK callback that honours ``switch`` and never raises."""
+
+    def callback(options: CallbackOptions) -> list[Observation]:
+        if not switch.on:
+            return []
+        try:
+            return list(read())
+        except Exception:
+            # The SDK would log an exception per collection; a reading we cannot take
+            # is not worth that. Count it, say it once, report nothing this time.
+            _ERRORS.record(name)
+            return []
+
+    return callback
+
+
+class _ReadingErrors:
+    """Counts failed readings and logs the first failure of each instrument."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._logged: set[str] = set()
+        self.count = 0
+
+    def record(self, name: str) -> None:
+        with self._lock:  # only taken on failure, never on a successful reading
+            self.count += 1
+            first = name not in self._logged
+            self._logged.add(name)
+        if first:
+            logger.debug("reading %s failed; further failures are only counted", name, exc_info=True)
+
+
+_ERRORS = _ReadingErrors()
+
+
+class _ThisProcess:
+    """``psutil.Process`` for the current pid: after a fork, a cached one would read the parent."""
+
+    def __init__(self) -> None:
+        self._pid = os.getpid()
+        self._process = psutil.Process(self._pid)
+
+    def get(self) -> psutil.Process:
+        if os.getpid() != self._pid:
+            self._pid = os.getpid()
+            self._process = psutil.Process(self._pid)
+        return self._process
+
+
+def _available_cpus() -> int:
+    # Affinity, not the machine's count: a worker pinned to 4 of 64 CPUs that uses
+    # all 4 is fully busy. Read every time because affinity can change at run time.
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return psutil.cpu_count() or 1
+
+
+def _fraction(value: float) -> float:
+    # CPU times tick at ~10 ms, so over a short interval a ratio can overshoot 1.
+    return min(max(value, 0.0), 1.0)
+
+
+class _ProcessCpu:
+    """User and system CPU time of this process since the previous reading."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # two readers may collect concurrently
+        self._process = _ThisProcess()
+        self._pid = os.getpid()
+        self._last = self._now()
+
+    def _now(self) -> tuple[float, float, float]:
+        times = self._process.get().cpu_times()
+        return time.monotonic(), times.user, times.system
+
+    def read(self) -> list[Observation]:
+        with self._lock:
+            now = self._now()
+            if os.getpid() != self._pid:
+                # Forked: the baseline belongs to the parent. Start over, report next time.
+                self._pid, self._last = os.getpid(), now
+                return []
+            wall = (now[0] - self._last[0]) * _available_cpus()
+            if wall <= 0:
+                return []
+            last, self._last = self._last, now
+        return [
+            Observation(_fraction((now[1] - last[1]) / wall), {"cpu.mode": "user"}),
+            Observation(_fraction((now[2] - last[2]) / wall), {"cpu.mode": "system"}),
+        ]
+
+
+# psutil field -> semconv cpu.mode. guest and guest_nice are left out on purpose:
+# Linux already counts them inside user and nice, so adding them would count twice.
+_CPU_MODES = {
+    "user": "user", "nice": "nice", "system": "system", "idle": "idle", "iowait": "iowait",
+    "irq": "interrupt", "softirq": "interrupt", "steal": "steal",
+    "interrupt": "interrupt", "dpc": "interrupt",  # Windows; dpc is its softirq
+}  # fmt: skip
+
+
+def _cpu_times_by_mode() -> dict[str, float]:
+    times: Any = psutil.cpu_times()  # summed over all CPUs
+    modes: dict[str, float] = {}
+    for field, mode in _CPU_MODES.items():
+        seconds = getattr(times, field, None)
+        if seconds is not None:
+            modes[mode] = modes.get(mode, 0.0) + seconds
+    return modes
+
+
+class _SystemCpu:
+    """Fraction of all CPUs' time spent in each mode since the previous reading.
+
+    Computed from our own ``psutil.cpu_times()`` deltas rather than
+    ``cpu_times_percent(interval=None)``, whose baseline is shared with every
+    other caller in the process.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last = _cpu_times_by_mode()
+
+    def read(self) -> list[Observation]:
+        now = _cpu_times_by_mode()
+        with self._lock:
+            # max(): iowait may go backwards, and the sums drop when a CPU goes offline.
+            delta = {mode: max(now[mode] - self._last.get(mode, 0.0), 0.0) for mode in now}
+            total = sum(delta.values())
+            if total <= 0:
+                return []
+            self._last = now
+        return [Observation(_fraction(part / total), {"cpu.mode": mode}) for mode, part in delta.items()]
+
+
+def _system_memory(*, fraction: bool) -> list[Observation]:
+    memory: Any = psutil.virtual_memory()
+    states = {"used": memory.used, "free": memory.free}
+    if hasattr(memory, "buffers") and hasattr(memory, "cached"):
+        states["buffers"], states["cached"] = memory.buffers, memory.cached
+        # psutil's used is total - available, which overlaps cached and buffers. The
+        # conventions want the states to add up to the total (the collector's
+        # hostmetrics receiver computes it the same way).
+        states["used"] = max(memory.total - memory.free - memory.buffers - memory.cached, 0)
+    if fraction:
+        if memory.total <= 0:
+            return []
+        return [Observation(value / memory.total, {"system.memory.state": s}) for s, value in states.items()]
+    return [Observation(value, {"system.memory.state": s}) for s, value in states.items()]
