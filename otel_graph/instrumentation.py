@@ -154,17 +154,20 @@ class Instrumentation:
     def _at_exit(self) -> None:
         timeout = self.settings.exit_timeout_s
         self._capture.uninstall()
-        self._stop_readings()
         self._tracker.stop(timeout)
-        if self._owned is None:
-            return
-        spans, points = self._owned.deliver_at_exit(timeout_s=timeout)
-        stats = self._owned.stats()
-        spans = stats["spans_undelivered"]
-        points = stats["points_undelivered"]
-        if spans or points:
-            logger.warning("otel_graph: %d spans and %d metric points were not delivered to the "
-                           "collector", spans, points)
+        if self._owned is not None:
+            # Readings stay on until the final collection, so short scripts report them too.
+            _report_undelivered(self._owned, timeout)
+        self._stop_readings()
+
+
+def _report_undelivered(owned: OwnedSdk, timeout_s: float) -> None:
+    owned.deliver_at_exit(timeout_s=timeout_s)
+    stats = owned.stats()
+    spans, points = stats["spans_undelivered"], stats["points_undelivered"]
+    if spans or points:
+        logger.warning("otel_graph: %d spans and %d metric points were not delivered to the "
+                       "collector", spans, points)
 
 
 def instrument_scheduler(*, tracer_provider: Any = None, meter_provider: Any = None,
@@ -187,7 +190,4 @@ def _exit() -> None:
     if handle is not None:
         handle._at_exit()
     elif _Process.owned is not None:
-        spans, points = _Process.owned.deliver_at_exit(timeout_s=1.5)
-        if spans or points:
-            logger.warning("otel_graph: %d spans and %d metric points were not delivered to the "
-                           "collector", spans, points)
+        _report_undelivered(_Process.owned, 1.5)

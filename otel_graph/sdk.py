@@ -30,6 +30,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -137,19 +138,33 @@ class OwnedSdk:
             ok = _bounded(lambda: self.meter_provider.force_flush(int(timeout_s * 1000)), timeout_s) and ok
         return bool(ok)
 
-    def deliver_at_exit(self, *, timeout_s: float) -> tuple[int, int]:
-        """Deliver what is left within the bound; return (spans, points) not delivered."""
-        spans_left = 0
-        if self.span_processor is not None:
-            spans_left = self.span_processor.deliver_remaining(timeout_s=timeout_s)
-        points_left = 0
+    def deliver_at_exit(self, *, timeout_s: float) -> None:
+        """Deliver what is left; give up after ``timeout_s`` without progress, counting the rest.
+
+        The final metric collection runs beside span delivery, not after it, so a hung
+        collector costs one ``timeout_s`` in all, not one per signal.
+        """
+        metrics_done = threading.Event()
         if self.meter_provider is not None:
+            provider = self.meter_provider
+
+            def shut_metrics() -> None:
+                try:
+                    provider.shutdown(int(timeout_s * 1000))
+                except Exception:
+                    logger.debug("otel_graph: metric shutdown raised", exc_info=True)
+                metrics_done.set()
+
+            threading.Thread(target=shut_metrics, name="otel-graph-metrics-exit", daemon=True).start()
+        else:
+            metrics_done.set()
+        started = time.monotonic()
+        if self.span_processor is not None:
+            self.span_processor.deliver_remaining(timeout_s=timeout_s)
+        if not metrics_done.wait(max(0.0, timeout_s - (time.monotonic() - started))):
             exporter = self.metric_exporter
-            finished = _bounded(lambda: self.meter_provider.shutdown(int(timeout_s * 1000)), timeout_s)
-            if not finished and exporter is not None:
-                points_left = exporter.inflight
-                exporter.undelivered += points_left
-        return spans_left, points_left
+            if exporter is not None:
+                exporter.undelivered += exporter.inflight
 
 
 def _bounded(call: Any, timeout_s: float) -> bool:

@@ -1,0 +1,212 @@
+"""The user's path end to end: a script configured by OTEL_* variables, exporting to a real OTLP receiver.
+
+Each test runs ``tests/apps/compute.py`` in a fresh interpreter, so otel_graph builds
+its SDK from the environment exactly as it does for a user, and exits as a user's
+script does, without calling flush.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from conftest import subprocess_env
+from otlp_receiver import OtlpReceiver
+
+APP = Path(__file__).parent / "apps" / "compute.py"
+
+
+@dataclass
+class Run:
+    stdout: str
+    stderr: str
+    returncode: int
+    exit_latency_s: float
+
+    def value(self, label: str) -> str:
+        for line in self.stdout.splitlines():
+            if line.startswith(label + " "):
+                return line[len(label) + 1:]
+        raise AssertionError(f"{label} not printed; stdout={self.stdout!r} stderr={self.stderr!r}")
+
+
+def run_app(*args: str, env: dict[str, str], timeout_s: float = 120) -> Run:
+    proc = subprocess.run([sys.executable, str(APP), *args], env=env, capture_output=True, text=True,
+                          timeout=timeout_s)
+    exited = time.monotonic()
+    run = Run(proc.stdout, proc.stderr, proc.returncode, 0.0)
+    if "LAST_COMPUTE_END" in proc.stdout:
+        run.exit_latency_s = exited - float(run.value("LAST_COMPUTE_END"))
+    return run
+
+
+def otlp_env(endpoint: str, protocol: str, **extra: str) -> dict[str, str]:
+    return subprocess_env(
+        OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
+        OTEL_EXPORTER_OTLP_PROTOCOL=protocol,
+        OTEL_SERVICE_NAME="etl-test",
+        OTEL_RESOURCE_ATTRIBUTES="deployment.environment.name=ci",
+        OTEL_GRAPH_RESOURCES="true",
+        **extra,
+    )
+
+
+@pytest.fixture
+def receiver():
+    with OtlpReceiver() as running:
+        yield running
+
+
+def metric_points(receiver: OtlpReceiver, name: str) -> list[dict]:
+    return [p for p in receiver.metrics() if p["name"] == name]
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_spans_and_metrics_arrive_without_any_flush_call(receiver, protocol):
+    endpoint = receiver.grpc_endpoint if protocol == "grpc" else receiver.http_endpoint
+    run = run_app("--tasks", "30", env=otlp_env(endpoint, protocol))
+    assert run.returncode == 0, run.stderr
+    assert run.value("RESULT") == str(sum(range(1, 31)))
+    spans = receiver.spans()
+    (root,) = [s for s in spans if s["name"] == "dask.compute"]
+    tasks = [s for s in spans if s["name"] == "inc"]
+    assert len(tasks) == 30
+    assert {t["parent_span_id"] for t in tasks} == {root["span_id"]}
+    assert {t["trace_id"] for t in tasks} == {root["trace_id"]}
+    assert root["attributes"]["dask.graph.tasks"] == 30
+    assert root["resource"]["service.name"] == "etl-test"
+    assert root["resource"]["deployment.environment.name"] == "ci"
+    assert tasks[0]["scope"] == "otel_graph"
+    assert all(t["transport"] == ("grpc" if protocol == "grpc" else "http") for t in tasks)
+
+    # The pre-aggregated histogram reaches the wire as a standard OTLP histogram.
+    durations = [p for p in metric_points(receiver, "dask.task.duration")
+                 if p["attributes"]["dask.task.prefix"] == "inc"]
+    assert durations and max(p["count"] for p in durations) == 30
+    last = max(durations, key=lambda p: p["time_ns"])
+    assert last["unit"] == "s" and len(last["bucket_counts"]) == len(last["explicit_bounds"]) + 1
+    assert sum(last["bucket_counts"]) == 30 and last["min"] <= last["max"]
+    assert max(p["count"] for p in metric_points(receiver, "dask.compute.duration")) == 1
+    for name in ("process.cpu.utilization", "process.memory.usage", "system.memory.usage",
+                 "system.cpu.utilization", "system.memory.utilization"):
+        assert metric_points(receiver, name), name
+    exported = [p for p in metric_points(receiver, "otel.sdk.exporter.span.exported") if not p["attributes"]]
+    assert exported, "the delivery counter is exported"
+    assert "not delivered" not in run.stderr
+
+
+def test_unlimited_budget_delivers_every_span(receiver):
+    run = run_app("--tasks", "3000", env=otlp_env(receiver.grpc_endpoint, "grpc",
+                                                   OTEL_GRAPH_MAX_TASK_SPANS="unlimited"))
+    assert run.returncode == 0, run.stderr
+    names = [s["name"] for s in receiver.spans()]
+    assert names.count("inc") == 3000 and names.count("dask.compute") == 1
+
+
+def test_budgeted_trace_accounts_for_every_task(receiver):
+    run = run_app("--tasks", "500", env=otlp_env(receiver.grpc_endpoint, "grpc", OTEL_GRAPH_MAX_TASK_SPANS="40"))
+    assert run.returncode == 0, run.stderr
+    spans = receiver.spans()
+    (root,) = [s for s in spans if s["name"] == "dask.compute"]
+    children = [s for s in spans if s["parent_span_id"] == root["span_id"]]
+    assert len(children) <= 40 + 1
+    assert sum(s["attributes"].get("dask.task.count", 1) for s in children) == 500
+    assert root["attributes"]["dask.graph.tasks"] == 500
+
+
+@pytest.mark.parametrize("scheduler", ["threads", "processes"])
+def test_every_local_scheduler_exports(receiver, scheduler):
+    run = run_app("--tasks", "12", "--scheduler", scheduler, env=otlp_env(receiver.grpc_endpoint, "grpc"))
+    assert run.returncode == 0, run.stderr
+    spans = receiver.spans()
+    (root,) = [s for s in spans if s["name"] == "dask.compute"]
+    assert root["attributes"]["dask.scheduler"] == scheduler
+    assert len([s for s in spans if s["name"] == "inc"]) == 12
+
+
+def test_a_failing_compute_exports_its_error(receiver):
+    run = run_app("--tasks", "5", "--fail", env=otlp_env(receiver.grpc_endpoint, "grpc"))
+    assert run.value("FAILED").startswith("task failed on purpose")
+    spans = receiver.spans()
+    (root,) = [s for s in spans if s["name"] == "dask.compute"]
+    (bad,) = [s for s in spans if s["name"] == "boom"]
+    assert root["status_code"] == 2 and bad["status_code"] == 2
+    (event,) = bad["events"]
+    assert event["attributes"]["exception.type"] == "RuntimeError"
+    assert "failed on purpose" in event["attributes"]["exception.message"]
+    errors = [p for p in metric_points(receiver, "dask.task.duration")
+              if p["attributes"]["dask.task.outcome"] == "error"]
+    assert errors and errors[-1]["count"] == 1
+
+
+@pytest.mark.parametrize("state", ["down", "hung", "failing"])
+def test_a_broken_collector_never_hurts_the_computation(state):
+    with OtlpReceiver(hang=state == "hung", fail=state == "failing") as broken:
+        endpoint = broken.grpc_endpoint
+        if state == "down":
+            broken.stop()  # nothing listens there any more
+        run = run_app("--tasks", "200", env=otlp_env(endpoint, "grpc", OTEL_METRIC_EXPORT_INTERVAL="200"))
+        assert run.returncode == 0, run.stderr
+        assert run.value("RESULT") == str(sum(range(1, 201)))
+        assert run.exit_latency_s < 2.0, run.exit_latency_s
+        warnings = [line for line in run.stderr.splitlines() if "not delivered" in line]
+        assert len(warnings) == 1, run.stderr
+        assert "Traceback" not in run.stderr
+        undelivered_spans = int(warnings[0].split("otel_graph: ")[1].split(" spans")[0])
+        assert undelivered_spans >= 201  # 200 task spans + the compute span, counted not silent
+        assert broken.spans() == []
+
+
+def test_data_held_while_the_collector_is_down_arrives_when_it_returns(receiver):
+    receiver.fail = True
+    proc = subprocess.Popen([sys.executable, str(APP), "--tasks", "300", "--wait-stdin", "--flush"],
+                            env=otlp_env(receiver.grpc_endpoint, "grpc", OTEL_GRAPH_MAX_TASK_SPANS="unlimited"),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().startswith("RESULT")
+        assert receiver.wait_for(lambda r: r.requests_failed > 0, timeout_s=30)
+        receiver.fail = False
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert "FLUSHED True" in out, (out, err)
+    names = [s["name"] for s in receiver.spans()]
+    assert names.count("inc") == 300 and names.count("dask.compute") == 1
+
+
+def test_slow_collector_loses_nothing():
+    # The SDK's batch processor lost 79% of spans behind a 50 ms collector.
+    with OtlpReceiver(delay_s=0.05) as slow:
+        run = run_app("--tasks", "5000", "--flush",
+                      env=otlp_env(slow.grpc_endpoint, "grpc", OTEL_GRAPH_MAX_TASK_SPANS="unlimited"))
+        assert run.returncode == 0, run.stderr
+        assert run.value("FLUSHED").startswith("True")
+        assert [s["name"] for s in slow.spans()].count("inc") == 5000
+
+
+def test_headers_are_sent_and_never_printed(receiver):
+    secret = "Bearer s3cr3t-token-value"
+    run = run_app("--tasks", "3", env=otlp_env(receiver.grpc_endpoint, "grpc",
+                                                OTEL_EXPORTER_OTLP_HEADERS=f"authorization={secret}"))
+    assert run.returncode == 0, run.stderr
+    assert any(h.get("authorization") == secret for h in receiver.headers)
+    assert secret not in run.stdout + run.stderr
+
+
+def test_under_opentelemetry_instrument_without_code_change(receiver):
+    tool = Path(sys.executable).with_name("opentelemetry-instrument")
+    env = otlp_env(receiver.grpc_endpoint, "grpc", OTEL_TRACES_EXPORTER="otlp", OTEL_METRICS_EXPORTER="otlp",
+                   OTEL_LOGS_EXPORTER="none")
+    proc = subprocess.run([str(tool), sys.executable, str(APP), "--no-instrument", "--tasks", "7"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert receiver.wait_for(lambda r: any(s["name"] == "dask.compute" for s in r.spans()), timeout_s=30)
+    spans = receiver.spans()
+    assert len([s for s in spans if s["name"] == "inc"]) == 7
+    assert {s["resource"]["service.name"] for s in spans} == {"etl-test"}
