@@ -74,9 +74,9 @@ _OFF = {"0", "false", "no", "off", ""}  # what otel_graph.config.parse_bool read
 DeviceReading = Callable[[Any, Any], float | None]
 
 
-def observe_gpus(meter: Meter) -> Callable[[], None]:
+def observe_gpus(meter: Meter, *, switch: Switch | None = None) -> Callable[[], None]:
     """Create the ``hw.gpu.*`` instruments on ``meter``; return a ``stop()`` that silences them."""
-    switch, nvml = Switch(), _NVML
+    switch, nvml = switch or Switch(), _NVML
     gauge, updown = meter.create_observable_gauge, meter.create_observable_up_down_counter
     instruments: list[tuple[Callable[..., Any], str, str, DeviceReading, str]] = [
         (gauge, "hw.gpu.utilization", "1",

@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
+import weakref
 from typing import Any
 
 from opentelemetry import metrics, trace
@@ -30,6 +31,7 @@ from otel_graph._version import __version__
 from otel_graph.config import Settings, load_settings
 from otel_graph.local import LocalCapture
 from otel_graph.metrics import TaskMetrics, observe_delivery, observe_memory
+from otel_graph.resources import Switch
 from otel_graph.sdk import OwnedSdk, build_sdk
 from otel_graph.spans import ApiEmitter, DirectEmitter
 from otel_graph.tracker import Tracker
@@ -46,6 +48,7 @@ class _Process:
     live: Instrumentation | None = None
     owned: OwnedSdk | None = None
     exit_hook = False
+    meters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _is_sdk_tracer_provider(provider: Any) -> bool:
@@ -71,20 +74,57 @@ def _owned_sdk(settings: Settings, *, traces: bool, metrics_: bool) -> OwnedSdk:
     return owned
 
 
+class _MeterInstruments:
+    """Instruments made once per meter provider: a meter keeps the first callbacks under a name.
+
+    The observable callbacks read through ``_Process.live``, so they follow whichever
+    handle is live on this provider and report nothing while none is.
+    """
+
+    def __init__(self, provider: Any, meter: Any, histograms: Any) -> None:
+        self.task_metrics = TaskMetrics(meter, histograms=histograms)
+        self.readings = Switch()
+        self.readings.stop()
+        self._meter = meter
+        self._resources = False
+
+        def live() -> Instrumentation | None:
+            handle = _Process.live
+            return handle if handle is not None and handle._meter_provider is provider else None
+
+        observe_memory(meter, lambda: live()._held() if live() else [])
+        observe_delivery(meter, lambda: live().stats() if live() else {})
+
+    def start_readings(self, *, gpu: bool) -> None:
+        if not self._resources:
+            from otel_graph.resources import observe_resources
+
+            self._resources = True
+            observe_resources(self._meter, gpu=gpu, switch=self.readings)
+        self.readings.on = True
+
+
+def _instruments_for(provider: Any, meter: Any, histograms: Any, settings: Settings) -> _MeterInstruments:
+    instruments = _Process.meters.get(provider)
+    if instruments is None:
+        instruments = _Process.meters[provider] = _MeterInstruments(provider, meter, histograms)
+    if settings.resources:
+        instruments.start_readings(gpu=settings.gpu)
+    return instruments
+
+
 class Instrumentation:
     """The handle ``instrument_scheduler()`` returns; also a context manager."""
 
     def __init__(self, settings: Settings, *, tracer_provider: Any = None, meter_provider: Any = None) -> None:
         self.settings = settings
         self._owned: OwnedSdk | None = None
-        if tracer_provider is None and not _is_sdk_tracer_provider(trace.get_tracer_provider()):
-            self._owned = _owned_sdk(settings, traces=True, metrics_=meter_provider is None)
-            tracer_provider = self._owned.tracer_provider
-        if meter_provider is None and not _is_sdk_meter_provider(metrics.get_meter_provider()):
-            self._owned = self._owned or _owned_sdk(settings, traces=False, metrics_=True)
-            meter_provider = self._owned.meter_provider
-        tracer_provider = tracer_provider or trace.get_tracer_provider()
-        meter_provider = meter_provider or metrics.get_meter_provider()
+        if tracer_provider is None:
+            tracer_provider = self._global_or_owned(trace.get_tracer_provider(), _is_sdk_tracer_provider,
+                                                    "tracer_provider", settings, own_metrics=meter_provider is None)
+        if meter_provider is None:
+            meter_provider = self._global_or_owned(metrics.get_meter_provider(), _is_sdk_meter_provider,
+                                                   "meter_provider", settings, own_metrics=True)
         tracer = tracer_provider.get_tracer(SCOPE.name, SCOPE.version)
         meter = meter_provider.get_meter(SCOPE.name, SCOPE.version)
 
@@ -94,22 +134,26 @@ class Instrumentation:
                 tracer_provider, "_active_span_processor"):
             emitter = DirectEmitter(tracer_provider, SCOPE)
         histograms = owned.histograms if owned is not None and meter_provider is owned.meter_provider else None
-        self._tracker = Tracker(tracer=tracer, emitter=emitter,
-                                metrics=TaskMetrics(meter, histograms=histograms),
+        self._meter_provider = meter_provider
+        self._instruments = _instruments_for(meter_provider, meter, histograms, settings)
+        self._tracker = Tracker(tracer=tracer, emitter=emitter, metrics=self._instruments.task_metrics,
                                 max_task_spans=settings.max_task_spans,
                                 drain_interval_s=settings.drain_interval_s)
-        self._stop_readings = lambda: None
-        # Observable instruments cannot be removed from a meter; they read through this
-        # handle and report nothing once it is uninstrumented.
-        observe_memory(meter, self._held)
-        observe_delivery(meter, self.stats)
-        if settings.resources:
-            from otel_graph.resources import observe_resources
-
-            self._stop_readings = observe_resources(meter, gpu=settings.gpu)
         self._capture = LocalCapture(self._tracker)
         self._capture.install()
         self._live = True
+
+    def _global_or_owned(self, current: Any, is_sdk: Any, attribute: str, settings: Settings, *,
+                         own_metrics: bool) -> Any:
+        """The global provider if the application set an SDK one; else ours, built once per process."""
+        owned = _Process.owned
+        if owned is not None and current is getattr(owned, attribute):
+            self._owned = owned
+            return current
+        if is_sdk(current):
+            return current
+        self._owned = _owned_sdk(settings, traces=attribute == "tracer_provider", metrics_=own_metrics)
+        return getattr(self._owned, attribute) or current
 
     # -- public ----------------------------------------------------------------------------
     def flush(self, timeout_s: float | None = None) -> bool:
@@ -128,7 +172,7 @@ class Instrumentation:
             self._capture.uninstall()
             if _Process.live is self:
                 _Process.live = None
-        self._stop_readings()
+        self._instruments.readings.stop()
         self._tracker.stop(None)
         if self._owned is not None:
             self._owned.flush(self.settings.exit_timeout_s * 4)
@@ -158,7 +202,7 @@ class Instrumentation:
         if self._owned is not None:
             # Readings stay on until the final collection, so short scripts report them too.
             _report_undelivered(self._owned, timeout)
-        self._stop_readings()
+        self._instruments.readings.stop()
 
 
 def _report_undelivered(owned: OwnedSdk, timeout_s: float) -> None:

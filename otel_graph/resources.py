@@ -69,7 +69,7 @@ Reading = Callable[[], Iterable[Observation]]
 Callback = Callable[[CallbackOptions], Iterable[Observation]]
 
 
-def observe_resources(meter: Meter, *, gpu: bool = True) -> Callable[[], None]:
+def observe_resources(meter: Meter, *, gpu: bool = True, switch: Switch | None = None) -> Callable[[], None]:
     """Create the process, system and (optionally) GPU instruments on ``meter``.
 
     Parameters
@@ -84,8 +84,11 @@ def observe_resources(meter: Meter, *, gpu: bool = True) -> Callable[[], None]:
     -------
     stop
         Call it to make every callback created here report nothing from then on.
+    switch
+        Pass your own to turn the readings back on later (``switch.on = True``): a meter
+        keeps the first callbacks registered under a name, so instruments are made once.
     """
-    switch = Switch()
+    switch = switch or Switch()
     system_cpu, process_cpu, process = _SystemCpu(), _ProcessCpu(), _ThisProcess()
     gauge, updown = meter.create_observable_gauge, meter.create_observable_up_down_counter
     instruments: list[tuple[Callable[..., Any], str, str, Reading, str]] = [
@@ -109,13 +112,8 @@ def observe_resources(meter: Meter, *, gpu: bool = True) -> Callable[[], None]:
         return switch.stop
     from otel_graph.gpu import observe_gpus  # imported here: gpu.py imports this module
 
-    stop_gpus = observe_gpus(meter)
-
-    def stop() -> None:
-        switch.stop()
-        stop_gpus()
-
-    return stop
+    observe_gpus(meter, switch=switch)
+    return switch.stop
 
 
 def reading_errors() -> int:
