@@ -22,6 +22,8 @@ from __future__ import annotations
 import traceback
 from typing import Any, NamedTuple
 
+from dask.utils import key_split
+
 #: Longest key string kept; longer keys are cut and marked, so a pathological key
 #: cannot blow up every span and log line it appears in.
 MAX_KEY_CHARS = 512
@@ -88,8 +90,10 @@ def task_prefix(key: Any) -> str:
     >>> task_prefix(b"\\xff-raw")
     'Other'
     """
-    from dask.utils import key_split
-
+    # key_split caches by the whole key; tuple keys are unique per task, so passing the
+    # name alone keeps its cache hitting instead of filling it with one-off keys.
+    while type(key) is tuple and key:
+        key = key[0]
     try:
         return key_split(key)
     except Exception:

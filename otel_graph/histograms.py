@@ -51,18 +51,20 @@ class PreAggregatedHistogram:
     bounds: Sequence[float]
     series: dict[tuple[tuple[str, str], ...], _Series] = field(default_factory=dict)
 
-    def record(self, attributes: tuple[tuple[str, str], ...], value: float) -> None:
-        """Add one value; ``attributes`` is a hashable tuple of pairs, built once by the caller."""
+    def record(self, attributes: tuple[tuple[str, str], ...], values: Sequence[float]) -> None:
+        """Add values; ``attributes`` is a hashable tuple of pairs, built once by the caller."""
+        if not values:
+            return
         series = self.series.get(attributes)
         if series is None:
             series = self.series[attributes] = _Series([0] * (len(self.bounds) + 1))
-        series.buckets[bisect_left(self.bounds, value)] += 1
-        series.count += 1
-        series.total += value
-        if value < series.low:
-            series.low = value
-        if value > series.high:
-            series.high = value
+        buckets, bounds = series.buckets, self.bounds
+        for value in values:
+            buckets[bisect_left(bounds, value)] += 1
+        series.count += len(values)
+        series.total += sum(values)
+        series.low = min(series.low, min(values))
+        series.high = max(series.high, max(values))
 
 
 class HistogramSet:

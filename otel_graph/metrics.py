@@ -22,7 +22,7 @@ bounded however many distinct keys run.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -58,14 +58,28 @@ class TaskMetrics:
                     for name, unit, text, bounds in specs]
             self._duration, self._size, self._compute = (_api_record(h) for h in made)
         self._attributes: dict[tuple[str, str, bool], tuple[tuple[str, str], ...]] = {}
-        self._size_attributes: dict[str, tuple[tuple[str, str], ...]] = {}
+        self._by_prefix: dict[str, tuple[tuple[str, str], ...]] = {}
 
     def batch(self) -> AbstractContextManager:
-        """Hold for a run of :meth:`record_task` calls: one lock round trip per batch, not per task."""
+        """Held while recording: one lock round trip per batch of tasks, not per task."""
         return self._histograms.lock if self._histograms is not None else nullcontext()
 
-    def record_task(self, ev: TaskEvent, prefix: str, scheduler: str) -> None:
-        failed = ev.error is not None
+    def record_tasks(self, events: Sequence[TaskEvent], prefixes: Sequence[str], scheduler: str) -> None:
+        groups: dict[tuple[str, bool], list[TaskEvent]] = {}
+        for ev, prefix in zip(events, prefixes):
+            key = (prefix, ev.error is not None)
+            group = groups.get(key)
+            if group is None:
+                group = groups[key] = []
+            group.append(ev)
+        with self.batch():
+            for (prefix, failed), group in groups.items():
+                self._duration(self._task_attributes(prefix, scheduler, failed),
+                               [(ev.end_ns - ev.start_ns) / 1e9 for ev in group])
+                if not failed:
+                    self._size(self._size_attributes(prefix), [ev.nbytes for ev in group if ev.nbytes >= 0])
+
+    def _task_attributes(self, prefix: str, scheduler: str, failed: bool) -> tuple[tuple[str, str], ...]:
         attributes = self._attributes.get((prefix, scheduler, failed))
         if attributes is None:
             attributes = self._attributes[(prefix, scheduler, failed)] = (
@@ -73,27 +87,29 @@ class TaskMetrics:
                 ("dask.task.outcome", "error" if failed else "success"),
                 ("dask.task.prefix", prefix),
             )
-        self._duration(attributes, (ev.end_ns - ev.start_ns) / 1e9)
-        if not failed and ev.nbytes >= 0:
-            size_attributes = self._size_attributes.get(prefix)
-            if size_attributes is None:
-                size_attributes = self._size_attributes[prefix] = (("dask.task.prefix", prefix),)
-            self._size(size_attributes, ev.nbytes)
+        return attributes
+
+    def _size_attributes(self, prefix: str) -> tuple[tuple[str, str], ...]:
+        attributes = self._by_prefix.get(prefix)
+        if attributes is None:
+            attributes = self._by_prefix[prefix] = (("dask.task.prefix", prefix),)
+        return attributes
 
     def record_compute(self, duration_s: float, scheduler: str, failed: bool) -> None:
         with self.batch():
             self._compute((("dask.scheduler", scheduler),
-                           ("dask.task.outcome", "error" if failed else "success")), duration_s)
+                           ("dask.task.outcome", "error" if failed else "success")), [duration_s])
 
 
-def _api_record(instrument: Any) -> Callable[[tuple[tuple[str, str], ...], float], None]:
+def _api_record(instrument: Any) -> Callable[[tuple[tuple[str, str], ...], Sequence[float]], None]:
     cache: dict[tuple, dict[str, str]] = {}
 
-    def record(attributes: tuple[tuple[str, str], ...], value: float) -> None:
+    def record(attributes: tuple[tuple[str, str], ...], values: Sequence[float]) -> None:
         as_dict = cache.get(attributes)
         if as_dict is None:
             as_dict = cache[attributes] = dict(attributes)
-        instrument.record(value, as_dict)
+        for value in values:
+            instrument.record(value, as_dict)
 
     return record
 

@@ -65,8 +65,9 @@ _BYTE = [bytes((n,)) for n in range(128)]  # a varint below 128 is that one byte
 _U64 = struct.Struct("<Q").pack  # fixed64
 _F64 = struct.Struct("<d").pack  # double
 _U32 = struct.Struct("<I").pack  # fixed32
-_WIRE_TYPE = {FieldDescriptor.TYPE_DOUBLE: 1, FieldDescriptor.TYPE_FIXED64: 1, FieldDescriptor.TYPE_FIXED32: 5,
-              FieldDescriptor.TYPE_STRING: 2, FieldDescriptor.TYPE_BYTES: 2, FieldDescriptor.TYPE_MESSAGE: 2}  # fmt: skip
+_FD = FieldDescriptor
+_WIRE_TYPE = {_FD.TYPE_DOUBLE: 1, _FD.TYPE_FIXED64: 1, _FD.TYPE_FIXED32: 5,  # others used here are varints (0)
+              _FD.TYPE_STRING: 2, _FD.TYPE_BYTES: 2, _FD.TYPE_MESSAGE: 2}  # fmt: skip
 
 
 def _varint(n: int) -> bytes:
@@ -89,7 +90,7 @@ def _field(key: bytes, payload: bytes) -> bytes:
 def _keys(message: type[Message], *names: str) -> list[bytes]:
     """The field keys (number and wire type) of ``names``, read from the official descriptor."""
     fields = message.DESCRIPTOR.fields_by_name
-    return [_varint(fields[n].number << 3 | _WIRE_TYPE.get(fields[n].type, 0)) for n in names]  # 0: varint
+    return [_varint(fields[n].number << 3 | _WIRE_TYPE.get(fields[n].type, 0)) for n in names]
 
 
 (_REQ_RESOURCE_SPANS,) = _keys(ExportTraceServiceRequest, "resource_spans")
@@ -147,8 +148,6 @@ _ANY = {str: _any_str, int: _any_int, tuple: _any_array, list: _any_array, dict:
 
 def _any_encoder(value: Any) -> Any:
     """The encoder for a value of a subclass (or an ABC); stock's isinstance order."""
-    if value is None:
-        return _ANY[type(None)]
     for kind in (bool, str, int, float, bytes):  # bool before int, str and bytes before Sequence
         if isinstance(value, kind):
             return _ANY[kind]
@@ -324,9 +323,10 @@ def encode_spans_fast(spans: Sequence[ReadableSpan]) -> ExportTraceServiceReques
 _HTTP_PARTS = ("_shutdown", "_metrics", "_max_request_size", "_client")
 
 
-def _stock_class(module: str) -> Any:
+def _stock_class(transport: str) -> Any:
     # From sys.modules only: an instance means the module is loaded, and grpc is slow to import.
-    return getattr(sys.modules.get(f"opentelemetry.exporter.otlp.proto.{module}.trace_exporter"), "OTLPSpanExporter", None)
+    module = sys.modules.get(f"opentelemetry.exporter.otlp.proto.{transport}.trace_exporter")
+    return getattr(module, "OTLPSpanExporter", None)
 
 
 def fast_span_exporter(exporter: SpanExporter) -> SpanExporter:

@@ -20,8 +20,8 @@ Every task is accounted for: the sum of ``dask.task.count`` over a trace's spans
 >>> plan = SpanPlan(budget=2, emit=lambda ev, prefix: emitted.append(ev.key),
 ...                 emit_aggregate=lambda agg: folded.append((agg.prefix, agg.count)))
 >>> from otel_graph.events import TaskEvent
->>> for i, ms in enumerate([5, 1, 9, 2]):
-...     plan.add(TaskEvent(f"t-{i}", 0, ms * 10**6, 1, 1, 8, "int", None), "t")
+>>> events = [TaskEvent(f"t-{i}", 0, ms * 10**6, 1, 1, 8, "int", None) for i, ms in enumerate([5, 1, 9, 2])]
+>>> plan.add(events, ["t"] * 4)
 >>> plan.finish()
 >>> emitted, folded
 (['t-0', 't-2'], [('t', 2)])
@@ -49,24 +49,21 @@ class Aggregate:
     end_ns: int = 0
     nbytes: int = 0
 
-    def add(self, ev: TaskEvent) -> None:
-        duration = ev.end_ns - ev.start_ns
+    def add(self, events: list[TaskEvent]) -> None:
+        durations = [ev.end_ns - ev.start_ns for ev in events]
+        starts = min(ev.start_ns for ev in events)
+        ends = max(ev.end_ns for ev in events)
         if self.count == 0:
-            self.duration_min_ns = self.duration_max_ns = duration
-            self.start_ns, self.end_ns = ev.start_ns, ev.end_ns
+            self.duration_min_ns, self.duration_max_ns = min(durations), max(durations)
+            self.start_ns, self.end_ns = starts, ends
         else:
-            if duration < self.duration_min_ns:
-                self.duration_min_ns = duration
-            if duration > self.duration_max_ns:
-                self.duration_max_ns = duration
-            if ev.start_ns < self.start_ns:
-                self.start_ns = ev.start_ns
-            if ev.end_ns > self.end_ns:
-                self.end_ns = ev.end_ns
-        self.count += 1
-        self.duration_sum_ns += duration
-        if ev.nbytes > 0:
-            self.nbytes += ev.nbytes
+            self.duration_min_ns = min(self.duration_min_ns, min(durations))
+            self.duration_max_ns = max(self.duration_max_ns, max(durations))
+            self.start_ns = min(self.start_ns, starts)
+            self.end_ns = max(self.end_ns, ends)
+        self.count += len(events)
+        self.duration_sum_ns += sum(durations)
+        self.nbytes += sum(ev.nbytes for ev in events if ev.nbytes > 0)
 
 
 class SpanPlan:
@@ -90,22 +87,33 @@ class SpanPlan:
         self.task_spans = 0
         self.aggregated_tasks = 0
 
-    def add(self, ev: TaskEvent, prefix: str) -> None:
-        if self._unlimited or ev.error is not None:
-            self._span(ev, prefix)
-        elif self._stream_left > 0:
-            self._stream_left -= 1
-            self._span(ev, prefix)
-        elif self._slow_capacity:
-            self._seq += 1
-            item = (ev.end_ns - ev.start_ns, self._seq, ev, prefix)
-            if len(self._slowest) < self._slow_capacity:
-                heapq.heappush(self._slowest, item)
-            else:
-                _, _, evicted, evicted_prefix = heapq.heappushpop(self._slowest, item)
-                self._fold(evicted, evicted_prefix)
-        else:
-            self._fold(ev, prefix)
+    def add(self, events: list[TaskEvent], prefixes: list[str]) -> None:
+        """Route a batch of events: spans now, slow candidates to the heap, the rest folded."""
+        folded: dict[str, list[TaskEvent]] = {}
+        slowest, capacity = self._slowest, self._slow_capacity
+        for ev, prefix in zip(events, prefixes):
+            if self._unlimited or ev.error is not None:
+                self._span(ev, prefix)
+                continue
+            if self._stream_left > 0:
+                self._stream_left -= 1
+                self._span(ev, prefix)
+                continue
+            if capacity:
+                duration = ev.end_ns - ev.start_ns
+                if len(slowest) < capacity:
+                    self._seq += 1
+                    heapq.heappush(slowest, (duration, self._seq, ev, prefix))
+                    continue
+                if duration > slowest[0][0]:
+                    self._seq += 1
+                    _, _, ev, prefix = heapq.heappushpop(slowest, (duration, self._seq, ev, prefix))
+            group = folded.get(prefix)
+            if group is None:
+                group = folded[prefix] = []
+            group.append(ev)
+        for prefix, group in folded.items():
+            self._fold(group, prefix)
 
     def finish(self) -> None:
         """Emit the kept slow tasks and one aggregate span per prefix; call once."""
@@ -120,9 +128,9 @@ class SpanPlan:
         self.task_spans += 1
         self._emit(ev, prefix)
 
-    def _fold(self, ev: TaskEvent, prefix: str) -> None:
-        self.aggregated_tasks += 1
+    def _fold(self, events: list[TaskEvent], prefix: str) -> None:
+        self.aggregated_tasks += len(events)
         aggregate = self._aggregates.get(prefix)
         if aggregate is None:
             aggregate = self._aggregates[prefix] = Aggregate(prefix)
-        aggregate.add(ev)
+        aggregate.add(events)

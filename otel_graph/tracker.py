@@ -186,16 +186,10 @@ class Tracker:
             self._finish(record, plan)
 
     def _consume(self, record: ComputeRecord, plan: SpanPlan, events: list[TaskEvent]) -> None:
-        record_task = self._metrics.record_task
-        scheduler = record.scheduler
         prefixes = [task_prefix(ev.key) for ev in events]
-        with self._metrics.batch():
-            for ev, prefix in zip(events, prefixes):
-                record_task(ev, prefix, scheduler)
+        self._metrics.record_tasks(events, prefixes, record.scheduler)
         if record.sampled:
-            add = plan.add
-            for ev, prefix in zip(events, prefixes):
-                add(ev, prefix)
+            plan.add(events, prefixes)
 
     def _task_span(self, record: ComputeRecord, ev: TaskEvent, prefix: str) -> None:
         self._emitter.emit(
