@@ -214,6 +214,30 @@ def _report_undelivered(owned: OwnedSdk, timeout_s: float) -> None:
                        "collector", spans, points)
 
 
+class _Disabled:
+    """What ``OTEL_SDK_DISABLED=true`` gets: the same handle API, and Dask left untouched."""
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        return True
+
+    def uninstrument(self) -> None:
+        with _Process.lock:
+            if _Process.live is self:
+                _Process.live = None
+
+    def stats(self) -> dict[str, int]:
+        return {}
+
+    def __enter__(self) -> _Disabled:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.uninstrument()
+
+    def _at_exit(self) -> None:
+        return None
+
+
 def instrument_scheduler(*, tracer_provider: Any = None, meter_provider: Any = None,
                          **options: Any) -> Instrumentation:
     """Trace and meter every task of Dask's schedulers from now on; see :mod:`otel_graph`."""
@@ -221,7 +245,11 @@ def instrument_scheduler(*, tracer_provider: Any = None, meter_provider: Any = N
         if _Process.live is not None:
             return _Process.live
         settings = load_settings(**options)
-        handle = Instrumentation(settings, tracer_provider=tracer_provider, meter_provider=meter_provider)
+        handle: Any
+        if settings.sdk_disabled and tracer_provider is None and meter_provider is None:
+            handle = _Disabled()
+        else:
+            handle = Instrumentation(settings, tracer_provider=tracer_provider, meter_provider=meter_provider)
         _Process.live = handle
         if not _Process.exit_hook:
             _Process.exit_hook = True
