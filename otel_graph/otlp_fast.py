@@ -1,4 +1,4 @@
-"""OTLP span encoding about ten times faster than the stock encoder, and exporters that use it.
+"""OTLP span encoding several times faster than the stock encoder, and exporters that use it.
 
 A Dask compute can end 10^5 tasks, one span each. The stock encoder
 (``opentelemetry.exporter.otlp.proto.common.trace_encoder.encode_spans``) builds
@@ -7,10 +7,11 @@ seconds of export thread per large compute. Filling the official messages with
 ``.add()`` and field assignments is faster, but still makes a Python object per
 message, about 1 µs per attribute. So this module writes the protobuf wire
 format itself and parses it once, in C, into the official
-``ExportTraceServiceRequest``. Field numbers and wire types are read from the
-``opentelemetry-proto`` descriptors. Within a request, each resource and scope
-is encoded once, and so is each repeated (key, value) pair, such as a task
-prefix or a worker address. ``benchmarks/bench_encode.py`` measures the gain.
+``ExportTraceServiceRequest``; the HTTP exporter sends the bytes unparsed.
+Field numbers and wire types are read from the ``opentelemetry-proto``
+descriptors. Within a request, each resource and scope is encoded once, and so
+is each repeated (key, value) pair, such as a task prefix or a worker address.
+``benchmarks/bench_encode.py`` compares the encoders.
 
 Usage
 -----
@@ -114,16 +115,13 @@ _STRING, _BOOL, _INT, _DOUBLE, _ARRAY, _KVLIST, _BYTES = _keys(
     AnyValue, "string_value", "bool_value", "int_value", "double_value", "array_value", "kvlist_value", "bytes_value")
 
 _KINDS = {kind: _KIND + _varint(getattr(Span, f"SPAN_KIND_{kind.name}")) for kind in SpanKind}
+_INTERNAL = _KINDS[SpanKind.INTERNAL]
 _HAS_IS_REMOTE = SpanFlags.SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK
 _IS_REMOTE = _HAS_IS_REMOTE | SpanFlags.SPAN_FLAGS_CONTEXT_IS_REMOTE_MASK
 _SPAN_FLAGS = {False: _FLAGS + _U32(_HAS_IS_REMOTE), True: _FLAGS + _U32(_IS_REMOTE)}  # by parent.is_remote
 _EMPTY_STATUS = _STATUS + b"\x00"  # stock always sends a status, even UNSET and empty
 
 # -- attribute values --------------------------------------------------------
-
-
-def _any_str(value: str) -> bytes:
-    return _field(_STRING, value.encode())
 
 
 def _any_int(value: int) -> bytes:
@@ -133,17 +131,25 @@ def _any_int(value: int) -> bytes:
 
 
 def _any_array(value: Sequence[Any]) -> bytes:
-    return _field(_ARRAY, b"".join([_field(_ARRAY_VALUES, _any(item)) for item in value]))
+    items = []
+    for item in value:
+        if type(item) is str:  # the usual item, inlined: 1-byte key, length, string AnyValue (1-byte key)
+            encoded = item.encode()
+            if len(encoded) < 126:
+                items.append(_ARRAY_VALUES + _BYTE[len(encoded) + 2] + _STRING + _BYTE[len(encoded)] + encoded)
+                continue
+        items.append(_field(_ARRAY_VALUES, (_ANY.get(type(item)) or _any_encoder(item))(item)))
+    return _field(_ARRAY, b"".join(items))
 
 
 def _any_kvlist(value: Mapping[Any, Any]) -> bytes:
-    return _field(_KVLIST, b"".join([_field(_KVLIST_VALUES, _key_value(str(k), v)) for k, v in value.items()]))
+    return _field(_KVLIST, b"".join([_attribute(_KVLIST_VALUES, str(k), v, {}) for k, v in value.items()]))
 
 
 # Exact types first, so the common case is one dict lookup; ``_any_encoder`` handles subclasses.
-_ANY = {str: _any_str, int: _any_int, tuple: _any_array, list: _any_array, dict: _any_kvlist,
-        bool: lambda value: _BOOL + (b"\x01" if value else b"\x00"), float: lambda value: _DOUBLE + _F64(value),
-        bytes: lambda value: _field(_BYTES, value), type(None): lambda value: b""}  # None: an empty AnyValue
+_ANY = {str: lambda value: _field(_STRING, value.encode()), int: _any_int, float: lambda value: _DOUBLE + _F64(value),
+        bool: lambda value: _BOOL + (b"\x01" if value else b"\x00"), bytes: lambda value: _field(_BYTES, value),
+        tuple: _any_array, list: _any_array, dict: _any_kvlist, type(None): lambda value: b""}  # None: empty AnyValue
 
 
 def _any_encoder(value: Any) -> Any:
@@ -158,10 +164,6 @@ def _any_encoder(value: Any) -> Any:
     raise TypeError(f"Invalid type {type(value)} of value {value}")
 
 
-def _any(value: Any) -> bytes:
-    return (_ANY.get(type(value)) or _any_encoder(value))(value)
-
-
 def _utf8(text: str | bytes) -> bytes:
     """A string field's payload. Like the messages, take str, or bytes that are valid UTF-8."""
     if isinstance(text, str):
@@ -172,43 +174,57 @@ def _utf8(text: str | bytes) -> bytes:
     raise TypeError(f"bad argument type {type(text)} for a string field")
 
 
-def _key_value(key: str, value: Any) -> bytes:
-    encoded = key.encode() if type(key) is str else _utf8(key)
-    return (_field(_KV_KEY, encoded) if encoded else b"") + _field(_KV_VALUE, _any(value))
+class _Memo:
+    """What one request encodes once: (key, value) pairs, and the head of a KeyValue per key."""
+
+    __slots__ = ("heads", "pairs")
+
+    def __init__(self) -> None:
+        self.heads: dict[str, bytes] = {}
+        self.pairs: dict[tuple[bytes, str, Any, type], bytes] = {}
 
 
-# Values whose type and equality pin down their encoding, so an encoded pair can be reused.
-# Floats are not (0.0 == -0.0); tuples only when every item is a str (1 == True == 1.0).
-_MEMO_TYPES = frozenset({str, int, bool, tuple})
+# Types whose value (with the type) fixes the encoding, so a (key, value) pair seen before
+# is reused as bytes. Not floats (0.0 == -0.0), not sequences (1 == True == 1.0 inside).
+_MEMO_TYPES = frozenset({str, int, bool})
 
 
-def _attributes(key: bytes, attributes: Mapping[str, Any] | None, memo: dict[Any, bytes]) -> bytes:
-    """Encode ``attributes`` as the repeated KeyValue field ``key``, reusing pairs from ``memo``."""
+def _attributes(field: bytes, attributes: Mapping[str, Any] | None, memo: _Memo) -> bytes:
+    """Encode ``attributes`` as the repeated KeyValue ``field``; stock's error handling."""
     if not attributes:
         return b""
-    parts = []
+    parts, pairs, heads = [], memo.pairs, memo.heads
     for name, value in attributes.items():
         try:
             kind = type(value)
-            memo_key: Any = (key, name, value, kind) if kind in _MEMO_TYPES else None
-            try:
-                encoded = memo.get(memo_key) if memo_key else None
-            except TypeError:  # a tuple holding a list
-                encoded = memo_key = None
-            if encoded is None:
-                encoded = _field(key, _key_value(name, value))
-                if memo_key and (kind is not tuple or all([type(item) is str for item in value])):
-                    memo[memo_key] = encoded
+            if kind in _MEMO_TYPES:
+                memo_key = (field, name, value, kind)
+                encoded = pairs.get(memo_key)
+                if encoded is None:
+                    encoded = pairs[memo_key] = _attribute(field, name, value, heads)
+            else:
+                encoded = _attribute(field, name, value, heads)
             parts.append(encoded)
         except Exception as error:  # noqa: BLE001 - stock logs and skips the key, keeping the span
             _logger.exception("Failed to encode key %s: %s", name, error)
     return b"".join(parts)
 
 
+def _attribute(field: bytes, name: str, value: Any, heads: dict[str, bytes]) -> bytes:
+    """One KeyValue as ``field``; ``heads`` caches the key part (the key, then the value's tag)."""
+    head = heads.get(name)
+    if head is None:
+        encoded = name.encode() if type(name) is str else _utf8(name)
+        head = heads[name] = (_field(_KV_KEY, encoded) if encoded else b"") + _KV_VALUE
+    value_bytes = (_ANY.get(type(value)) or _any_encoder(value))(value)
+    n = len(value_bytes)
+    return _field(field, head + (_BYTE[n] if n < 128 else _varint(n)) + value_bytes)
+
+
 # -- spans -------------------------------------------------------------------
 
 
-def _event(event: Event, memo: dict[Any, bytes]) -> bytes:
+def _event(event: Event, memo: _Memo) -> bytes:
     return _field(_EVENTS, b"".join([
         _EVENT_TIME + _U64(event.timestamp) if event.timestamp else b"",
         _field(_EVENT_NAME, _utf8(event.name)) if event.name else b"",
@@ -216,7 +232,7 @@ def _event(event: Event, memo: dict[Any, bytes]) -> bytes:
         _EVENT_DROPPED + _varint(event.dropped_attributes) if event.dropped_attributes else b""]))  # fmt: skip
 
 
-def _link(link: Link, memo: dict[Any, bytes]) -> bytes:
+def _link(link: Link, memo: _Memo) -> bytes:
     context = link.context
     flags = _IS_REMOTE if context and context.is_remote else _HAS_IS_REMOTE  # no W3C trace flags, as stock
     return _field(_LINKS, b"".join([
@@ -227,11 +243,13 @@ def _link(link: Link, memo: dict[Any, bytes]) -> bytes:
         _LINK_FLAGS + _U32(flags)]))  # fmt: skip
 
 
-def _span(span: ReadableSpan, memo: dict[Any, bytes]) -> bytes:
+def _span(span: ReadableSpan, memo: _Memo) -> bytes:
     """One ``ScopeSpans.spans`` entry. The hot path: flat, with locals for repeated reads."""
     context, parent, name, start, end = span.get_span_context(), span.parent, span.name, span.start_time, span.end_time
+    kind = span.kind
     parts = [_TRACE_ID + b"\x10" + context.trace_id.to_bytes(16, "big"),
-             _SPAN_ID + b"\x08" + context.span_id.to_bytes(8, "big"), _KINDS[span.kind]]  # fmt: skip
+             _SPAN_ID + b"\x08" + context.span_id.to_bytes(8, "big"),
+             _INTERNAL if kind is SpanKind.INTERNAL else _KINDS[kind]]  # SpanKind's hash is Python code
     if parent:
         parts.append(_PARENT_SPAN_ID + b"\x08" + parent.span_id.to_bytes(8, "big"))
         parts.append(_SPAN_FLAGS[bool(parent.is_remote)])
@@ -271,7 +289,7 @@ def _span(span: ReadableSpan, memo: dict[Any, bytes]) -> bytes:
     return _field(_SS_SPANS, b"".join(parts))
 
 
-def _scope_head(scope: Any, memo: dict[Any, bytes]) -> bytes:
+def _scope_head(scope: Any, memo: _Memo) -> bytes:
     """A ScopeSpans' scope and schema_url fields; ``None`` is stock's empty scope."""
     if scope is None:
         return _SS_SCOPE + b"\x00"
@@ -295,7 +313,7 @@ def _encode_request(spans: Sequence[ReadableSpan]) -> bytes:
             bucket = groups.setdefault(resource, {}).setdefault(scope, [])
             last = (resource, scope)
         bucket.append(span)
-    memo: dict[Any, bytes] = {}  # per request: it holds every distinct attribute pair
+    memo = _Memo()
     out = []
     for resource, scopes in groups.items():
         body = [_field(_RS_RESOURCE, _attributes(_RESOURCE_ATTRIBUTES, resource.attributes, memo))]
@@ -345,7 +363,8 @@ def fast_span_exporter(exporter: SpanExporter) -> SpanExporter:
             from opentelemetry.exporter.otlp.proto.http import _common
         except ImportError:
             return exporter
-        if hasattr(_common, "_is_request_too_large") and callable(getattr(exporter._client, "export", None)):
+        parts = hasattr(_common, "_is_request_too_large") and hasattr(_common, "RequestPayloadTooLargeError")
+        if parts and callable(getattr(exporter._client, "export", None)):
             return _FastHttpSpanExporter(exporter, _common)
     return exporter
 

@@ -127,9 +127,12 @@ def exception_event_attributes(error: ErrorInfo) -> dict[str, str]:
     }
 
 
+_UNSET = Status(StatusCode.UNSET)
+
+
 def _status(error: ErrorInfo | None) -> Status:
     if error is None:
-        return Status(StatusCode.UNSET)
+        return _UNSET
     return Status(StatusCode.ERROR, f"{error.type_name}: {error.message}"[:1024])
 
 
@@ -164,10 +167,14 @@ class DirectEmitter:
         self._event = Event
         self._span_context = SpanContext
         self._random = random.Random()
+        self._parent: trace.Span | None = None
+        self._parent_context: Any = None
 
     def emit(self, *, parent: trace.Span, name: str, start_ns: int, end_ns: int,
              attributes: dict[str, Any], error: ErrorInfo | None = None) -> None:
-        parent_context = parent.get_span_context()
+        if parent is not self._parent:  # spans come in runs of one compute: read its context once
+            self._parent, self._parent_context = parent, parent.get_span_context()
+        parent_context = self._parent_context
         span_id = self._random.getrandbits(64) or 1
         context = self._span_context(parent_context.trace_id, span_id, False, parent_context.trace_flags,
                                      parent_context.trace_state)

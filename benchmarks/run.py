@@ -1,0 +1,155 @@
+"""Overhead of otel_graph, as ratios measured in one run (never timed assertions in tests).
+
+Workloads, each timed without instrumentation and with it, alternating, in this one
+process, against an OTLP/gRPC receiver running in *another* process:
+
+* ``sync-100k``: 100,000 independent no-op tasks on the sync scheduler, default span
+  budget, including ``flush()`` (everything exported). Bar: <= 1.25x.
+* ``sync-100k-unlimited``: the same with ``OTEL_GRAPH_MAX_TASK_SPANS=unlimited``,
+  every span delivered (checked against the receiver's count). Bar: <= 2.0x.
+* ``threads-2k``: 2,000 tasks sleeping 1 ms on the threads scheduler (4 workers);
+  reported for the compute alone and including the flush. Bar: <= 1.03x.
+
+Each figure is the median of ``--repeat`` runs. Usage::
+
+    python benchmarks/run.py [--repeat 3] [--tasks 100000] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RECEIVER = """
+import sys
+sys.path.insert(0, {tests!r})
+from otlp_receiver import OtlpReceiver
+with OtlpReceiver() as r:
+    print(r.grpc_endpoint, flush=True)
+    for line in sys.stdin:
+        if line.strip() == "count":
+            print(sum(1 for _ in r.spans()), flush=True)
+        elif line.strip() == "clear":
+            r.clear(); print("ok", flush=True)
+        else:
+            break
+"""
+
+
+def noop() -> None:
+    return None
+
+
+def nap() -> None:
+    time.sleep(0.001)
+
+
+class Receiver:
+    """An OTLP receiver in a child process, so its decoding does not share our GIL."""
+
+    def __init__(self) -> None:
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", RECEIVER.format(tests=str(ROOT / "tests"))],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )
+        self.endpoint = self._proc.stdout.readline().strip()
+
+    def ask(self, command: str) -> str:
+        self._proc.stdin.write(command + "\n")
+        self._proc.stdin.flush()
+        return self._proc.stdout.readline().strip()
+
+    def close(self) -> None:
+        self._proc.stdin.close()
+        self._proc.wait(10)
+
+
+def timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def measure(name: str, work: Callable[[], object], *, options: dict, repeat: int, flush: bool,
+            receiver: Receiver, expect_spans: int | None = None) -> dict:
+    import otel_graph
+
+    base, inst, inst_compute = [], [], []
+    delivered = None
+    for _ in range(repeat):
+        base.append(timed(work))
+        receiver.ask("clear")
+        handle = otel_graph.instrument_scheduler(**options)
+        start = time.perf_counter()
+        work()
+        inst_compute.append(time.perf_counter() - start)
+        ok = handle.flush(timeout_s=300) if flush else True
+        inst.append(time.perf_counter() - start)
+        if not flush:
+            handle.flush(timeout_s=300)
+        handle.uninstrument()
+        if expect_spans is not None:
+            delivered = int(receiver.ask("count"))
+        assert ok, "flush did not complete"
+    row = {
+        "workload": name,
+        "baseline_s": statistics.median(base),
+        "instrumented_s": statistics.median(inst),
+        "ratio": statistics.median(inst) / statistics.median(base),
+        "ratio_compute_only": statistics.median(inst_compute) / statistics.median(base),
+    }
+    if expect_spans is not None:
+        row["spans_delivered"] = delivered
+        row["spans_expected"] = expect_spans
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--tasks", type=int, default=100_000)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+
+    receiver = Receiver()
+    os.environ.update({
+        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+        "OTEL_SERVICE_NAME": "otel-graph-bench",
+    })
+    import dask
+    import dask.threaded
+
+    graph = {("noop", i): (noop,) for i in range(args.tasks)}
+    keys = list(graph)
+    naps = {("nap", i): (nap,) for i in range(2000)}
+    nap_keys = list(naps)
+    common: dict = {}
+    rows = [
+        measure("sync-100k", lambda: dask.get(graph, keys), options=common, repeat=args.repeat,
+                flush=True, receiver=receiver),
+        measure("sync-100k-unlimited", lambda: dask.get(graph, keys),
+                options={**common, "max_task_spans": "unlimited"}, repeat=args.repeat, flush=True,
+                receiver=receiver, expect_spans=args.tasks + 1),
+        measure("threads-2k", lambda: dask.threaded.get(naps, nap_keys, num_workers=4), options=common,
+                repeat=max(args.repeat, 5), flush=True, receiver=receiver),
+    ]
+    receiver.close()
+    for row in rows:
+        extra = f"  spans {row['spans_delivered']}/{row['spans_expected']}" if "spans_delivered" in row else ""
+        print(f"{row['workload']:<22} base {row['baseline_s']:.3f}s  with otel_graph {row['instrumented_s']:.3f}s"
+              f"  ratio {row['ratio']:.3f}  (compute only {row['ratio_compute_only']:.3f}){extra}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,350 @@
+"""``otel_graph.otlp_fast``: equal to the stock OTLP encoder, and delivered by the stock exporters.
+
+Equality is protobuf message equality against
+``opentelemetry.exporter.otlp.proto.common.trace_encoder.encode_spans``, with no
+canonical sort: stock groups with insertion-ordered dicts, so its order is
+deterministic (first resource seen, first scope seen, spans in input order), and
+the fast encoder must reproduce it. Speed is measured by
+``benchmarks/bench_encode.py``, never asserted here.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.exporter.otlp.proto.grpc import trace_exporter as grpc_trace_exporter
+from opentelemetry.exporter.otlp.proto.http import trace_exporter as http_trace_exporter
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import (
+    Link,
+    NonRecordingSpan,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    TraceState,
+    set_span_in_context,
+)
+
+from otel_graph.otlp_fast import _encode_request, encode_spans_fast, fast_span_exporter, otlp_span_exporter
+from otlp_receiver import OtlpReceiver
+
+SCHEMA = "https://opentelemetry.io/schemas/1.26.0"
+ALL_TYPES: dict[str, Any] = {
+    "str": "inc",
+    "str.empty": "",
+    "str.unicode": "täsk ✓ 🚀 \u0000 ключ",
+    "str.long": "x" * 300,  # a length that needs a two-byte varint
+    "bool.true": True,
+    "bool.false": False,
+    "int.zero": 0,
+    "int.small": 7,
+    "int.big": 2**40,
+    "int.negative": -1,
+    "int.min": -(2**63),
+    "int.max": 2**63 - 1,
+    "float": 0.25,
+    "float.zero": 0.0,
+    "float.negative_zero": -0.0,
+    "float.inf": float("inf"),
+    "float.integral": 3.0,
+    "bytes": b"\x00\xffraw",
+    "seq.str": ("a", "b", "c"),
+    "seq.str.long": ("a" * 125, "b" * 126, "c" * 300),  # around the one-byte length of an item
+    "seq.bool": [True, False],
+    "seq.int": [1, -2, 2**62],
+    "seq.float": (0.5, -1.5),
+    "seq.empty": [],
+    "seq.with_none": ["a", None, "c"],
+    "seq.mixed": ["a", 1, 2.5, True],  # the SDK 1.45 keeps mixed sequences; stock encodes them as-is
+    "seq.nested": [["a"], [1, 2]],
+    "map": {"inner": "v", "n": 1, "deeper": {"x": [1.5]}},
+    "map.empty": {},
+}
+
+
+def assert_encodes_as_stock(spans: list[ReadableSpan]) -> ExportTraceServiceRequest:
+    stock = encode_spans(spans)
+    assert encode_spans_fast(spans) == stock
+    # The HTTP exporter sends the module's bytes unparsed, and max_request_size measures them:
+    # they must hold no default-valued field that stock leaves out.
+    assert len(_encode_request(spans)) == stock.ByteSize()
+    return stock
+
+
+def _collect(provider: TracerProvider) -> InMemorySpanExporter:
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return exporter
+
+
+@pytest.fixture
+def sdk_spans() -> Iterator[list[ReadableSpan]]:
+    """Spans from real TracerProviders: two resources (one repeated by a third provider), four scopes."""
+    main = TracerProvider(resource=Resource({"service.name": "dask", "host.name": "h1"}, SCHEMA))
+    other = TracerProvider(resource=Resource({"service.name": "worker", "n": 2}))
+    # Equal to ``main``'s resource but another object: stock merges the two by ==.
+    twin = TracerProvider(resource=Resource({"service.name": "dask", "host.name": "h1"}, SCHEMA))
+    limits = SpanLimits(max_span_attributes=3, max_events=2, max_links=1,
+                        max_event_attributes=1, max_link_attributes=1)  # fmt: skip
+    limited = TracerProvider(resource=Resource({"service.name": "limited"}), span_limits=limits)
+    exporters = [_collect(p) for p in (main, other, twin, limited)]
+
+    tracer = main.get_tracer("otel_graph", "1.2.3", schema_url=SCHEMA, attributes={"scope.attr": "s", "n": 1})
+    bare_tracer = main.get_tracer("bare")
+    remote_parent = SpanContext(0xABC, 0xDEF, is_remote=True, trace_flags=TraceFlags(1),
+                                trace_state=TraceState([("vendor", "v1"), ("other", "x=y")]))  # fmt: skip
+    link_context = SpanContext(0x1234, 0x5678, is_remote=False)
+    with tracer.start_as_current_span("dask.compute", attributes=ALL_TYPES) as root:
+        for kind in SpanKind:
+            with tracer.start_as_current_span(f"kind-{kind.name}", kind=kind):
+                pass
+        with tracer.start_as_current_span("failing", links=[Link(link_context, {"link.attr": 1})]) as span:
+            span.add_event("retry", {"attempt": 2, "tags": ("a", "b")}, timestamp=1_700_000_000_000_000_123)
+            span.add_event("bare")
+            span.set_status(Status(StatusCode.ERROR, "worker died ✗"))
+        with bare_tracer.start_as_current_span("ok") as span:
+            span.set_status(Status(StatusCode.OK))
+        root.set_attribute("late", "added")
+    with tracer.start_as_current_span("remote-child", context=set_span_in_context(NonRecordingSpan(remote_parent))):
+        pass
+    with tracer.start_as_current_span("timed", start_time=1_000, end_on_exit=False) as span:
+        span.end(end_time=2_000)
+    with other.get_tracer("otel_graph", "1.2.3").start_as_current_span("on-worker", attributes={"dask.key": "x"}):
+        pass
+    with twin.get_tracer("otel_graph", "1.2.3", schema_url=SCHEMA, attributes={"scope.attr": "s", "n": 1}
+                         ).start_as_current_span("twin"):  # fmt: skip
+        pass
+    links = [Link(SpanContext(i + 1, i + 1, is_remote=bool(i % 2)), {"a": i, "b": i}) for i in range(3)]
+    with limited.get_tracer("limited").start_as_current_span("drops", links=links) as span:
+        span.set_attributes({f"attr{i}": i for i in range(5)})
+        for i in range(4):
+            span.add_event(f"event{i}", {"a": 1, "b": 2})
+    spans = [s for e in exporters for s in e.get_finished_spans()]
+    # Interleave the resources, so grouping must gather spans from all over the batch.
+    yield spans[::2] + spans[1::2]
+    for provider in (main, other, twin, limited):
+        provider.shutdown()
+
+
+def test_sdk_spans_encode_as_stock(sdk_spans: list[ReadableSpan]) -> None:
+    stock = assert_encodes_as_stock(sdk_spans)
+    # Guard the fixture itself: the cases above must really be in it.
+    assert len(stock.resource_spans) == 3  # main and twin merged
+    limited = [s for s in sdk_spans if s.name == "drops"][0]
+    assert (limited.dropped_attributes, limited.dropped_events, limited.dropped_links) == (2, 2, 2)
+    assert any(s.parent is not None and s.parent.is_remote for s in sdk_spans)
+
+
+def _context(trace_id: int, span_id: int, *, remote: bool = False) -> SpanContext:
+    return SpanContext(trace_id, span_id, is_remote=remote, trace_flags=TraceFlags(1))
+
+
+RESOURCE = Resource({"service.name": "dask"})
+SCOPE = InstrumentationScope("otel_graph", "0.1", SCHEMA, {"scope": True})
+
+
+class Color(enum.IntEnum):
+    RED = 1
+
+
+class Tag(str):
+    pass
+
+
+def test_direct_readable_spans_encode_as_stock(caplog: pytest.LogCaptureFixture) -> None:
+    """Spans built as task spans are: ReadableSpan(...) with no SDK cleaning of attributes."""
+    parent = _context(0xFEED, 0xBEEF)
+    spans = [
+        ReadableSpan(
+            name="inc", context=_context(0xFEED, 0x1), parent=parent, resource=RESOURCE, instrumentation_scope=SCOPE,
+            attributes={"dask.key": "('inc-abc', 0)", "dask.prefix": "inc", "nbytes": 8000, "deps": ("a", "b")},
+            events=[Event("spill", {"bytes": 10}, timestamp=5), Event("empty", timestamp=6)],
+            links=[Link(_context(0xFEED, 0x2, remote=True), {"why": "dependency"})],
+            kind=SpanKind.INTERNAL, status=Status(StatusCode.ERROR, "boom"), start_time=10, end_time=20,
+        ),
+        # Values the SDK would clean but a direct ReadableSpan keeps; stock encodes or skips each.
+        ReadableSpan(
+            name="odd", context=_context(0xFEED, 0x3), parent=_context(0xFEED, 0x1, remote=True), resource=RESOURCE,
+            attributes={
+                "intenum": Color.RED, "str.subclass": Tag("t"), "bytearray": bytearray(b"ab"),
+                "tuple.of.lists": (["a"], [1]), "": "empty key", "none": None,
+                "too.big": 2**64, "surrogate": "\ud800", "object": object(), 5: "int key",
+                b"k": "UTF-8 bytes key", b"\xff": "bad bytes key",
+                "after.bad": "kept",
+            },
+            start_time=30, end_time=40,
+        ),
+        # No scope, no parent, no attributes, no times: the minimal span.
+        ReadableSpan(name="", context=_context(0xFEED, 0x4), resource=RESOURCE),
+        # An equal but distinct scope object joins SCOPE's group.
+        ReadableSpan(name="again", context=_context(0xFEED, 0x5), resource=RESOURCE, attributes={"dask.prefix": "inc"},
+                     instrumentation_scope=InstrumentationScope("otel_graph", "0.1", SCHEMA, {"scope": True})),
+    ]
+    assert_encodes_as_stock(spans)
+    caplog.clear()
+    with caplog.at_level(logging.ERROR):
+        encode_spans(spans)
+        stock_skipped = sorted(repr(r.args[0]) for r in caplog.records if r.args)
+        caplog.clear()
+        encode_spans_fast(spans)
+        fast_skipped = sorted(repr(r.args[0]) for r in caplog.records if r.args)
+    assert fast_skipped == stock_skipped == sorted(map(repr, ["too.big", "surrogate", "object", 5, b"\xff"]))
+
+
+def test_reused_pairs_keep_their_types() -> None:
+    """1, True and 1.0 are equal in Python, and so are 0.0 and -0.0; their encodings are not."""
+    values: list[Any] = [1, True, 1.0, 0, False, 0.0, -0.0, "1", ("x",), (1,), (True,), (1.0,), ["x"], Tag("x")]
+    spans = [
+        ReadableSpan(name=f"s{i}", context=_context(7, i + 1), resource=RESOURCE, attributes={"a": v, "b": ("x",)})
+        for i, v in enumerate(values + values[::-1])
+    ]
+    assert_encodes_as_stock(spans)
+
+
+def _random_value(rng: random.Random, depth: int = 0) -> Any:
+    pick = rng.randrange(10 if depth < 2 else 7)
+    if pick == 0:
+        return rng.choice(["", "a", "inc", "ü" * rng.randrange(70), "x" * rng.randrange(200)])
+    if pick == 1:
+        return rng.random() < 0.5
+    if pick == 2:
+        return rng.choice([0, 1, -1, 127, 128, 2**63 - 1, -(2**63), rng.randrange(-(2**40), 2**40)])
+    if pick == 3:
+        return rng.choice([0.0, -0.0, 1.0, rng.uniform(-1e9, 1e9)])
+    if pick == 4:
+        return rng.randbytes(rng.randrange(4))
+    if pick == 5:
+        return None
+    if pick == 6:
+        return rng.choice(["a", "b"])  # repeats, so pairs are reused
+    if pick == 7:
+        return tuple(_random_value(rng, depth + 1) for _ in range(rng.randrange(4)))
+    if pick == 8:
+        return [rng.choice(["a", "b"]) for _ in range(rng.randrange(3))]
+    return {f"k{i}": _random_value(rng, depth + 1) for i in range(rng.randrange(3))}
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_random_attributes_encode_as_stock(seed: int) -> None:
+    rng = random.Random(seed)
+    resources = [RESOURCE, Resource({"service.name": "other"}), Resource({"service.name": "dask"})]
+    scopes = [SCOPE, InstrumentationScope("x"), None]
+    spans = []
+    for i in range(200):
+        attributes = {f"k{rng.randrange(12)}": _random_value(rng) for _ in range(rng.randrange(8))}
+        spans.append(ReadableSpan(
+            name=rng.choice(["inc", "add", "ü"]), context=_context(rng.getrandbits(128) or 1, i + 1),
+            parent=rng.choice([None, _context(1, 2), _context(1, 3, remote=True)]), resource=rng.choice(resources),
+            instrumentation_scope=rng.choice(scopes), attributes=attributes, kind=rng.choice(list(SpanKind)),
+            start_time=rng.getrandbits(63), end_time=rng.getrandbits(63),
+            events=[Event("e", {"k": _random_value(rng)}, timestamp=i + 1)] if i % 5 == 0 else (),
+        ))  # fmt: skip
+    assert_encodes_as_stock(spans)
+
+
+# -- exporters ----------------------------------------------------------------
+
+
+def _task_spans() -> list[ReadableSpan]:
+    return [
+        ReadableSpan(name="inc", context=_context(0xFEED, i + 1), parent=_context(0xFEED, 0xBEEF), resource=RESOURCE,
+                     instrumentation_scope=SCOPE, attributes={"dask.key": f"inc-{i}", "dask.prefix": "inc"},
+                     start_time=100 + i, end_time=200 + i)  # fmt: skip
+        for i in range(3)
+    ]
+
+
+@pytest.fixture
+def no_stock_encoding(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the stock exporters fail if they encode themselves, so a delivery proves the fast path."""
+
+    def refuse(spans: object) -> None:
+        raise AssertionError("the stock encoder was called")
+
+    monkeypatch.setattr(grpc_trace_exporter, "encode_spans", refuse)
+    monkeypatch.setattr(http_trace_exporter, "encode_spans", refuse)
+
+
+@pytest.mark.usefixtures("no_stock_encoding")
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_fast_exporters_deliver(protocol: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    spans = _task_spans()
+    with OtlpReceiver() as receiver:
+        if protocol == "grpc":
+            monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", receiver.grpc_endpoint)
+            monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_INSECURE", "true")
+        else:
+            monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"{receiver.http_endpoint}/v1/traces")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "x-tenant=dask")
+        exporter = otlp_span_exporter(protocol=protocol)
+        try:
+            assert exporter.export(spans) is SpanExportResult.SUCCESS
+        finally:
+            exporter.shutdown()
+        (received,) = receiver.requests("traces")
+        assert received.request == encode_spans(spans)
+        assert received.headers["x-tenant"] == "dask"
+        assert [s["attributes"]["dask.key"] for s in receiver.spans()] == ["inc-0", "inc-1", "inc-2"]
+    assert exporter.export(spans) is SpanExportResult.FAILURE  # shut down, as stock
+
+
+@pytest.mark.usefixtures("no_stock_encoding")
+def test_wrapped_grpc_exporter_delivers() -> None:
+    with OtlpReceiver() as receiver:
+        stock = grpc_trace_exporter.OTLPSpanExporter(endpoint=receiver.grpc_endpoint, insecure=True)
+        exporter = fast_span_exporter(stock)
+        try:
+            assert exporter.export(_task_spans()) is SpanExportResult.SUCCESS
+        finally:
+            exporter.shutdown()
+        assert len(receiver.spans()) == 3
+
+
+@pytest.mark.usefixtures("no_stock_encoding")
+def test_http_exporter_keeps_max_request_size(caplog: pytest.LogCaptureFixture) -> None:
+    with OtlpReceiver() as receiver:
+        stock = http_trace_exporter.OTLPSpanExporter(endpoint=f"{receiver.http_endpoint}/v1/traces",
+                                                     max_request_size=64)  # fmt: skip
+        exporter = fast_span_exporter(stock)
+        try:
+            with caplog.at_level(logging.WARNING):
+                assert exporter.export(_task_spans()) is SpanExportResult.FAILURE
+            assert "exceeds max_request_size" in caplog.text
+            assert exporter.export(_task_spans()[:0]) is SpanExportResult.SUCCESS  # an empty request fits
+        finally:
+            exporter.shutdown()
+        assert stock._shutdown  # shutdown reached the stock exporter
+        assert receiver.spans() == []
+
+
+def test_other_exporters_are_returned_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
+    memory = InMemorySpanExporter()
+    assert fast_span_exporter(memory) is memory
+
+    class Custom(http_trace_exporter.OTLPSpanExporter):
+        pass
+
+    custom = Custom(endpoint="http://127.0.0.1:9/v1/traces")
+    assert fast_span_exporter(custom) is custom
+    # A future version without the private seam: slower, but still the stock exporter.
+    stock = http_trace_exporter.OTLPSpanExporter(endpoint="http://127.0.0.1:9/v1/traces")
+    monkeypatch.delattr(stock, "_client")
+    assert fast_span_exporter(stock) is stock
+
+
+def test_unknown_protocol_is_refused() -> None:
+    with pytest.raises(ValueError, match="http/json"):
+        otlp_span_exporter(protocol="http/json")
