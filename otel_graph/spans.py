@@ -29,9 +29,13 @@ Emitters:
 from __future__ import annotations
 
 import random
+from functools import lru_cache
+from itertools import islice
 from collections.abc import Mapping
 from typing import Any
 
+from dask._task_spec import NestedContainer, Task, _execute_subgraph
+from dask.utils import funcname
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
@@ -44,46 +48,77 @@ MAX_DEPENDENCIES = 32
 MAX_FUNCTION_NAMES = 16
 
 
-def _function_names(node: Any) -> str | None:
+class _FunctionNames:
     """The functions a graph node calls, innermost first: fused nodes hold several.
 
     Fusion comes in two shapes: ``Task`` arguments that are themselves tasks (the
     legacy ``dask.optimization.fuse``), and ``_execute_subgraph`` over an inner graph
     (``fuse_linear_task_spec``). Both are walked; containers are looked through.
+    ``funcname`` is slow (it unwraps partials and curries), so names are cached per function.
     """
-    from dask._task_spec import NestedContainer, Task, _execute_subgraph
-    from dask.utils import funcname
 
-    names: list[str] = []
+    def __init__(self) -> None:
+        self._names: dict[Any, str] = {}
 
-    def visit(value: Any, depth: int) -> None:
+    def __call__(self, node: Any) -> str | None:
+        if not isinstance(node, Task):
+            return None
+        names: list[str] = []
+        self._visit(node, names, 0)
+        return ", ".join(names) or None
+
+    def _name(self, func: Any) -> str:
+        try:
+            name = self._names.get(func)
+        except TypeError:  # an unhashable callable
+            return funcname(func)
+        if name is None:
+            name = funcname(func)
+            if len(self._names) < 10_000:
+                self._names[func] = name
+        return name
+
+    def _visit(self, value: Any, names: list[str], depth: int) -> None:
         if len(names) >= MAX_FUNCTION_NAMES or depth > 32:
             return
         if isinstance(value, Task):
             if value.func is _execute_subgraph and value.args and isinstance(value.args[0], Mapping):
                 for inner in value.args[0].values():
-                    visit(inner, depth + 1)
+                    self._visit(inner, names, depth + 1)
                 return
-            for arg in (*value.args, *value.kwargs.values()):
-                visit(arg, depth + 1)
+            for arg in value.args:
+                if isinstance(arg, (Task, list, tuple)):
+                    self._visit(arg, names, depth + 1)
+            if value.kwargs:
+                for arg in value.kwargs.values():
+                    self._visit(arg, names, depth + 1)
             if not isinstance(value, NestedContainer):
                 try:
-                    names.append(funcname(value.func))
+                    names.append(self._name(value.func))
                 except Exception:
                     return
         elif isinstance(value, (list, tuple)):
             for item in value:
-                visit(item, depth + 1)
+                self._visit(item, names, depth + 1)
 
-    visit(node, 0)
-    return ", ".join(names) or None
+
+_function_names = _FunctionNames()
+
+
+@lru_cache(maxsize=4096)
+def _worker_id(worker: int) -> str:
+    return str(worker)
+
+
+# A key is rendered once as its own span's key and again in each dependent's list.
+_key_text = lru_cache(maxsize=1 << 16)(key_to_str)
 
 
 def task_attributes(ev: TaskEvent, prefix: str, graph: Mapping | None, state: Mapping | None) -> dict[str, Any]:
     attributes: dict[str, Any] = {
-        "dask.task.key": key_to_str(ev.key),
+        "dask.task.key": _key_text(ev.key),
         "dask.task.prefix": prefix,
-        "dask.worker.id": str(ev.worker),
+        "dask.worker.id": _worker_id(ev.worker),
         "thread.id": ev.thread,
     }
     if ev.error is None:
@@ -96,8 +131,9 @@ def task_attributes(ev: TaskEvent, prefix: str, graph: Mapping | None, state: Ma
         deps = state["dependencies"].get(ev.key, ())
         attributes["dask.task.dependency_count"] = len(deps)
         if deps:
-            names = sorted(key_to_str(dep) for dep in deps)
-            attributes["dask.task.dependencies"] = tuple(names[:MAX_DEPENDENCIES])
+            # Past the bound, name a bounded sample rather than render 10^4 keys per span.
+            shown = deps if len(deps) <= MAX_DEPENDENCIES else islice(deps, MAX_DEPENDENCIES)
+            attributes["dask.task.dependencies"] = tuple(sorted(map(_key_text, shown)))
         attributes["dask.task.dependent_count"] = len(state["dependents"].get(ev.key, ()))
     if graph is not None:
         functions = _function_names(graph.get(ev.key))
