@@ -118,7 +118,8 @@ def observe_memory(meter: Meter, held: Callable[[], Iterable[tuple[str, int, int
     """Gauges of results held in memory; ``held()`` yields (scheduler, tasks, bytes) per compute."""
 
     def totals() -> dict[str, list[int]]:
-        by_scheduler: dict[str, list[int]] = {}
+        # Every local scheduler reports, zero when idle: a flat line, not a gap, on dashboards.
+        by_scheduler: dict[str, list[int]] = {name: [0, 0] for name in ("sync", "threads", "processes")}
         for scheduler, tasks, nbytes in held():
             entry = by_scheduler.setdefault(scheduler, [0, 0])
             entry[0] += tasks

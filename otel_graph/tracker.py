@@ -132,7 +132,9 @@ class Tracker:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return False
-                self._wake.wait(remaining)
+                if not self._thread.is_alive():  # never wait on a thread that is gone
+                    return False
+                self._wake.wait(0.5 if remaining is None else min(remaining, 0.5))
             return not any(r.end_ns is not None for r in self._records)
 
     def stop(self, timeout_s: float | None) -> bool:
@@ -159,7 +161,10 @@ class Tracker:
                 except Exception:  # never let one bad compute stop telemetry for the rest
                     self.processing_errors += 1
                     logger.debug("otel_graph: failed to process a compute", exc_info=True)
-                    self._abandon(record)
+                    try:
+                        self._abandon(record)
+                    except Exception:
+                        logger.debug("otel_graph: failed to close a compute's span", exc_info=True)
             with self._wake:
                 self._completed = target
                 self._wake.notify_all()
@@ -220,12 +225,10 @@ class Tracker:
 
     def _abandon(self, record: ComputeRecord) -> None:
         # Still close the root span, so the trace is not left with a span that never ends.
-        try:
-            record.span.set_attribute("dask.graph.tasks", record.seen)
-            record.span.set_attribute("otel_graph.processing_error", True)
-            record.span.end(end_time=record.end_ns or time.time_ns())
-        finally:
-            self._forget(record)
+        self._forget(record)
+        record.span.set_attribute("dask.graph.tasks", record.seen)
+        record.span.set_attribute("otel_graph.processing_error", True)
+        record.span.end(end_time=record.end_ns or time.time_ns())
 
     def _forget(self, record: ComputeRecord) -> None:
         with self._lock:
