@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed-test
 
-.PHONY: test demo venv bench clean system-deps
+.PHONY: test demo venv bench clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -16,18 +16,7 @@ $(STAMP): pyproject.toml | $(PY)
 
 venv: $(STAMP)
 
-# Debian packages the tests drive for real; installed only when we are root (CI and the dev machines are).
-system-deps:
-	@if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null; then \
-	  missing=""; \
-	  command -v promtool >/dev/null || missing="$$missing prometheus"; \
-	  command -v chromium >/dev/null || missing="$$missing chromium"; \
-	  if [ -n "$$missing" ]; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
-	  fi; \
-	fi
-
-test: $(STAMP) system-deps
+test: $(STAMP)
 	$(PY) -m pytest
 
 bench: $(STAMP)
