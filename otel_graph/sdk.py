@@ -131,11 +131,16 @@ class OwnedSdk:
         }
 
     def flush(self, timeout_s: float) -> bool:
+        """Export everything recorded so far, within one shared ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
         ok = True
         if self.tracer_provider is not None:
             ok = self.tracer_provider.force_flush(int(timeout_s * 1000)) and ok
-        if self.meter_provider is not None:
-            ok = _bounded(lambda: self.meter_provider.force_flush(int(timeout_s * 1000)), timeout_s) and ok
+        # A pull reader (Prometheus) has nothing to push, and collecting for it early makes
+        # its next scrape list every series twice.
+        if self.meter_provider is not None and self.metric_exporter is not None:
+            left = max(deadline - time.monotonic(), 0.001)
+            ok = _bounded(lambda: self.meter_provider.force_flush(int(left * 1000)), left) and ok
         return bool(ok)
 
     def deliver_at_exit(self, *, timeout_s: float) -> None:

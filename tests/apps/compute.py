@@ -3,8 +3,13 @@
 Configured the user's way, through OTEL_* variables, plus these arguments:
 ``--scheduler``, ``--tasks``, ``--fail`` (one task raises), ``--wait-stdin`` (compute,
 print COMPUTED, then wait for a line on stdin before flushing), ``--no-instrument``
-(for opentelemetry-instrument runs). It prints RESULT and LAST_COMPUTE_END (a
-time.monotonic() reading) so the parent can check correctness and exit latency.
+(for opentelemetry-instrument runs), ``--flush`` (call ``handle.flush()`` before
+exiting and print FLUSHED with its result and the handle's stats, then FLUSH_SECONDS,
+how long the call took), ``--flush-before-wait`` (the same, but before COMPUTED, so
+that what the parent inspects while the app waits is complete) and
+``--flush-timeout`` (the flush's ``timeout_s``, default 30). It prints RESULT and
+LAST_COMPUTE_END (a time.monotonic() reading) so the parent can check correctness
+and exit latency.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import Any
 
 import dask
 import dask.multiprocessing
@@ -26,6 +32,14 @@ def boom(x: int) -> int:
     raise RuntimeError(f"task failed on purpose at {x}")
 
 
+def report_flush(handle: Any, timeout_s: float) -> None:
+    started = time.monotonic()
+    flushed = handle.flush(timeout_s=timeout_s)
+    took = time.monotonic() - started
+    print("FLUSHED", flushed, handle.stats(), flush=True)
+    print("FLUSH_SECONDS", took, flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--scheduler", default="sync")
@@ -34,6 +48,8 @@ def main() -> None:
     parser.add_argument("--wait-stdin", action="store_true")
     parser.add_argument("--no-instrument", action="store_true")
     parser.add_argument("--flush", action="store_true")
+    parser.add_argument("--flush-before-wait", action="store_true")
+    parser.add_argument("--flush-timeout", type=float, default=30.0)
     args = parser.parse_args()
 
     handle = None
@@ -51,11 +67,13 @@ def main() -> None:
     except RuntimeError as exc:
         print("FAILED", exc, flush=True)
     print("LAST_COMPUTE_END", time.monotonic(), flush=True)
+    if args.flush_before_wait and handle is not None:
+        report_flush(handle, args.flush_timeout)
     if args.wait_stdin:
         print("COMPUTED", flush=True)
         sys.stdin.readline()
     if args.flush and handle is not None:
-        print("FLUSHED", handle.flush(timeout_s=30), handle.stats(), flush=True)
+        report_flush(handle, args.flush_timeout)
 
 
 if __name__ == "__main__":
