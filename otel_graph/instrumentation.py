@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
+import time
 import weakref
 from typing import Any
 
@@ -39,6 +40,7 @@ from otel_graph.tracker import Tracker
 logger = logging.getLogger("otel_graph")
 
 SCOPE = InstrumentationScope("otel_graph", __version__)
+_UNINSTRUMENT_DRAIN_S = 60.0
 
 
 class _Process:
@@ -88,9 +90,11 @@ class _MeterInstruments:
         self._meter = meter
         self._resources = False
 
+        provider_ref = weakref.ref(provider)  # a strong one would keep the WeakKeyDictionary key alive
+
         def live() -> Instrumentation | None:
             handle = _Process.live
-            return handle if handle is not None and handle._meter_provider is provider else None
+            return handle if handle is not None and handle._meter_provider is provider_ref() else None
 
         observe_memory(meter, lambda: live()._held() if live() else [])
         observe_delivery(meter, lambda: live().stats() if live() else {})
@@ -173,9 +177,11 @@ class Instrumentation:
             if _Process.live is self:
                 _Process.live = None
         self._instruments.readings.stop()
-        self._tracker.stop(None)
-        if self._owned is not None:
-            self._owned.flush(self.settings.exit_timeout_s * 4)
+        # Building spans is our own CPU work and always progresses: bounded generously.
+        self._tracker.stop(_UNINSTRUMENT_DRAIN_S)
+        owned = self._owned
+        if owned is not None and (owned.span_processor is None or owned.span_processor.healthy):
+            owned.flush(self.settings.exit_timeout_s)
 
     def stats(self) -> dict[str, int]:
         """Delivery counters: spans and points exported and undelivered, tasks aggregated."""
@@ -197,21 +203,29 @@ class Instrumentation:
 
     def _at_exit(self) -> None:
         timeout = self.settings.exit_timeout_s
+        started = time.monotonic()
         self._capture.uninstall()
-        self._tracker.stop(timeout)
-        if self._owned is not None:
+        owned = self._owned
+        processor = owned.span_processor if owned is not None else None
+        # With the collector down or hung, building the last spans only delays the exit:
+        # they are counted as not delivered instead.
+        healthy = processor is None or processor.healthy
+        unbuilt = self._tracker.stop(timeout, drain=healthy)
+        if owned is not None:
             # Readings stay on until the final collection, so short scripts report them too.
-            _report_undelivered(self._owned, timeout)
+            left = max(0.1, timeout - (time.monotonic() - started))
+            _report_undelivered(owned, left, unbuilt)
         self._instruments.readings.stop()
 
 
-def _report_undelivered(owned: OwnedSdk, timeout_s: float) -> None:
+def _report_undelivered(owned: OwnedSdk, timeout_s: float, unbuilt: int = 0) -> None:
     owned.deliver_at_exit(timeout_s=timeout_s)
     stats = owned.stats()
     spans, points = stats["spans_undelivered"], stats["points_undelivered"]
-    if spans or points:
+    if spans or points or unbuilt:
+        unbuilt_text = f" ({unbuilt} task records were never turned into spans)" if unbuilt else ""
         logger.warning("otel_graph: %d spans and %d metric points were not delivered to the "
-                       "collector", spans, points)
+                       "collector%s", spans, points, unbuilt_text)
 
 
 class _Disabled:

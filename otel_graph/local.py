@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from functools import partial, wraps
+from multiprocessing.pool import ThreadPool
 from typing import TYPE_CHECKING, Any, Protocol
 
 from opentelemetry import context
@@ -53,6 +54,8 @@ _EXECUTE_TASK_PARAMS = ["key", "task_info", "dumps", "loads", "get_id", "pack_ex
 
 class Tracker(Protocol):
     def begin(self, scheduler: str) -> ComputeRecord | None: ...
+
+    def failed_to_begin(self) -> None: ...
 
     def end(self, record: ComputeRecord, error: BaseException | None) -> None: ...
 
@@ -103,8 +106,18 @@ def _execute(key, task_info, dumps, loads, get_id, pack_exception, emit):  # noq
         return key, pack_exception(exc, dumps), True
 
 
-def _run_local(emit: Callable[[TaskEvent], None], batch: list) -> list:
-    return [_execute(*args, emit) for args in batch]
+def _run_local(record: ComputeRecord, batch: list) -> list:
+    emit = record.sink.append
+    out = []
+    try:
+        for args in batch:
+            out.append(_execute(*args, emit))
+    except BaseException:
+        # The sync scheduler re-raises a task's exception here: the tasks after it in the
+        # batch never run. The one that raised has its event; the rest are accounted lost.
+        record.lost += len(batch) - len(out) - 1
+        raise
+    return out
 
 
 class _Batch(list):
@@ -128,6 +141,8 @@ def _kind_of_executor(submit: Callable) -> tuple[str | None, bool]:
     if isinstance(owner, SynchronousExecutor):
         return "sync", True
     if isinstance(owner, ThreadPoolExecutor):
+        return "threads", True
+    if isinstance(owner, MultiprocessingPoolExecutor) and isinstance(owner.pool, ThreadPool):
         return "threads", True
     if isinstance(owner, (ProcessPoolExecutor, MultiprocessingPoolExecutor)):
         return "processes", False
@@ -211,7 +226,11 @@ class LocalCapture:
             if kind is None:
                 get_id = kwargs.get("get_id", args[1] if len(args) > 1 else None)
                 kind = _scheduler_from_get_id(get_id)
-            record = tracker.begin(kind)
+            try:
+                record = tracker.begin(kind)
+            except Exception:  # e.g. an application's span processor raising in on_start
+                tracker.failed_to_begin()
+                record = None
             if record is None:
                 return original(submit, num_workers, dsk, result, *args, **kwargs)
             token = context.attach(record.context)
@@ -233,14 +252,18 @@ class LocalCapture:
 
     def _wrap_submit(self, submit: Callable, record: ComputeRecord, in_process: bool) -> Callable:
         batch_execute = self._batch_execute
-        runner = partial(_run_local, record.sink.append) if in_process else _run_remote
+        runner = partial(_run_local, record) if in_process else _run_remote
 
         def traced_submit(fn, *args, **kwargs):  # noqa: ANN001, ANN202
             if fn is not batch_execute or kwargs or len(args) != 1:
                 return submit(fn, *args, **kwargs)
             batch = args[0]
             record.submitted += len(batch)
-            future = submit(runner, batch)
+            try:
+                future = submit(runner, batch)
+            except BaseException:  # e.g. a pool already shut down: those tasks never ran
+                record.submitted -= len(batch)
+                raise
             if not in_process:
                 future.add_done_callback(partial(_deliver_remote, record, len(batch)))
             return future

@@ -126,11 +126,18 @@ def observe_memory(meter: Meter, held: Callable[[], Iterable[tuple[str, int, int
             entry[1] += nbytes
         return by_scheduler
 
+    # A collection calls tasks() then usage(): measuring the cache (a sizeof per result)
+    # once serves both.
+    measured: list[dict[str, list[int]]] = []
+
     def tasks(options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(v[0], {"dask.scheduler": s}) for s, v in totals().items()]
+        current = totals()
+        measured[:] = [current]
+        return [Observation(v[0], {"dask.scheduler": s}) for s, v in current.items()]
 
     def usage(options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(v[1], {"dask.scheduler": s}) for s, v in totals().items()]
+        current = measured.pop() if measured else totals()
+        return [Observation(v[1], {"dask.scheduler": s}) for s, v in current.items()]
 
     meter.create_observable_up_down_counter(
         "dask.memory.tasks", callbacks=[tasks], unit="{task}",

@@ -54,6 +54,8 @@ class ReliableSpanProcessor(SpanProcessor):
         self._queue: deque[ReadableSpan] = deque()
         self._cond = threading.Condition()
         self._inflight = 0
+        self._inflight_since = 0.0
+        self._last_ok = True
         self._flushing = 0
         self._stopped = False
         self._warned = False
@@ -69,17 +71,16 @@ class ReliableSpanProcessor(SpanProcessor):
         return None
 
     def on_end(self, span: ReadableSpan) -> None:
-        if self._stopped:
-            self.undelivered += 1
-            return
-        queue = self._queue
-        queue.append(span)
-        size = len(queue)
+        with self._cond:  # so a span cannot slip in after deliver_remaining has counted the queue
+            if self._stopped:
+                self.undelivered += 1
+                return
+            self._queue.append(span)
+            size = len(self._queue)
+            if size % self._max_batch == 0:
+                self._cond.notify()
         if size > self._max_queued:
             self._drop_oldest()
-        elif size % self._max_batch == 0:
-            with self._cond:
-                self._cond.notify()
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         return self._wait_empty(timeout_millis / 1000)
@@ -92,15 +93,30 @@ class ReliableSpanProcessor(SpanProcessor):
     def pending(self) -> int:
         return len(self._queue) + self._inflight
 
+    @property
+    def healthy(self) -> bool:
+        """The last export went through, and none has been stuck for over a second."""
+        stuck = self._inflight and time.monotonic() - self._inflight_since > 1.0
+        return self._last_ok and not stuck
+
     def deliver_remaining(self, *, timeout_s: float) -> int:
-        """Export what is queued while progress is made; return how many spans were given up on."""
+        """Export what is queued while progress is made; return how many spans were given up on.
+
+        Gives up after ``timeout_s`` without progress, and after four times that in all, so a
+        collector that crawls cannot hold the process for long either.
+        """
+        if self._stopped:
+            return 0
+        hard_deadline = time.monotonic() + 4 * timeout_s
         while self.pending:
             before = self.exported
-            if self._wait_empty(timeout_s):
+            if self._wait_empty(min(timeout_s, max(0.0, hard_deadline - time.monotonic()))):
                 break
-            if self.exported == before:
+            if self.exported == before or time.monotonic() >= hard_deadline:
                 break
         with self._cond:
+            if self._stopped:
+                return 0
             self._stopped = True
             left = len(self._queue) + self._inflight
             self._queue.clear()
@@ -139,6 +155,7 @@ class ReliableSpanProcessor(SpanProcessor):
         count = min(len(queue), self._max_batch)
         batch = [queue.popleft() for _ in range(count)]
         self._inflight = len(batch)
+        self._inflight_since = time.monotonic()
         return batch
 
     def _run(self) -> None:
@@ -164,6 +181,7 @@ class ReliableSpanProcessor(SpanProcessor):
             ok = self._export(batch)
             with self._cond:
                 self._inflight = 0
+                self._last_ok = ok
                 if self._stopped:
                     pass  # deliver_remaining already counted this batch as undelivered
                 elif ok:

@@ -68,14 +68,17 @@ class _FunctionNames:
         return ", ".join(names) or None
 
     def _name(self, func: Any) -> str:
-        try:
-            name = self._names.get(func)
-        except TypeError:  # an unhashable callable
+        # Keyed by the code's identity as text, never by the callable: a bound method or a
+        # closure in the cache would keep the user's objects (a model, a dataset) alive.
+        module, qualname = getattr(func, "__module__", None), getattr(func, "__qualname__", None)
+        if not (isinstance(module, str) and isinstance(qualname, str)):
             return funcname(func)
+        key = (module, qualname, type(func))
+        name = self._names.get(key)
         if name is None:
             name = funcname(func)
             if len(self._names) < 10_000:
-                self._names[func] = name
+                self._names[key] = name
         return name
 
     def _visit(self, value: Any, names: list[str], depth: int) -> None:

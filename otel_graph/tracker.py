@@ -95,6 +95,7 @@ class Tracker:
         self._stopping = False
         self.tasks_aggregated = 0
         self.processing_errors = 0
+        self.begin_errors = 0
         self._thread = threading.Thread(target=self._run, name="otel-graph-tracker", daemon=True)
         self._thread.start()
 
@@ -108,9 +109,13 @@ class Tracker:
             self._records.append(record)
         return record
 
+    def failed_to_begin(self) -> None:
+        """A compute ran untraced because opening its span raised (counted, never re-raised)."""
+        self.begin_errors += 1
+
     def end(self, record: ComputeRecord, error: BaseException | None) -> None:
+        record.error = error  # before end_ns: a drain in between must not see a failure as success
         record.end_ns = time.time_ns()
-        record.error = error
         with self._wake:
             self._requested += 1
             self._wake.notify()
@@ -137,13 +142,44 @@ class Tracker:
                 self._wake.wait(0.5 if remaining is None else min(remaining, 0.5))
             return not any(r.end_ns is not None for r in self._records)
 
-    def stop(self, timeout_s: float | None) -> bool:
-        done = self.flush(timeout_s)
+    def stop(self, timeout_s: float | None, *, drain: bool = True) -> int:
+        """Drain (unless told not to), stop the thread, close computes still open.
+
+        Returns how many task records were never turned into telemetry: those left when
+        the time ran out, or all of them when ``drain`` is False (a collector that is
+        down would only make building them wasted work at exit).
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        if drain:
+            self.flush(timeout_s)
         with self._wake:
             self._stopping = True
             self._wake.notify_all()
-        self._thread.join(timeout_s)
-        return done
+        self._thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        if not drain or self._thread.is_alive():
+            return self.unprocessed()
+        # A compute still running in another thread (uninstrument mid-compute): close it
+        # with what it has, marked incomplete, rather than leave it open and referenced.
+        for record in list(self._records):
+            try:
+                self._close_incomplete(record)
+            except Exception:
+                self.processing_errors += 1
+                logger.debug("otel_graph: failed to close an open compute", exc_info=True)
+        return 0
+
+    def unprocessed(self) -> int:
+        """Task records not yet turned into spans, plus the root spans of computes still open."""
+        with self._lock:
+            return sum(len(r.sink) + 1 for r in self._records)
+
+    def _close_incomplete(self, record: ComputeRecord) -> None:
+        if record.end_ns is None:
+            record.end_ns = time.time_ns()
+            record.span.set_attribute("otel_graph.incomplete", True)
+        self._drain(record)
+        if record in self._records:  # not settled: finish it anyway
+            self._finish(record, record.plan)
 
     # -- the worker thread --------------------------------------------------------------
     def _run(self) -> None:
@@ -211,8 +247,8 @@ class Tracker:
         plan.finish()
         span = record.span
         span.set_attribute("dask.graph.tasks", record.seen)
-        if record.lost:
-            span.set_attribute("dask.graph.tasks_lost", record.lost)
+        if record.submitted > record.seen:
+            span.set_attribute("dask.graph.tasks_lost", record.submitted - record.seen)
         failed = record.error is not None
         if failed:
             info = describe_exception(record.error)

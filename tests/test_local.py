@@ -276,3 +276,63 @@ def test_untraced_when_no_span_is_sampled():
         assert handle.flush(timeout_s=10)
     assert exporter.get_finished_spans() == ()
     assert trace.get_current_span() is trace.INVALID_SPAN
+
+
+def test_sync_batches_with_a_failure_still_close_the_trace(telemetry):
+    # With chunksize > 1 the sync scheduler abandons the rest of a batch when a task raises.
+    graph = {f"ok-{i}": (inc, i) for i in range(4)}
+    graph.update({"bad": (boom, 1), "after": (inc, "bad")})
+    with dask.config.set(chunksize=3), pytest.raises(ValueError):
+        dask.get(graph, list(graph))
+    assert telemetry.handle.flush(timeout_s=10)
+    (root,) = telemetry.roots()
+    assert root.status.status_code == StatusCode.ERROR
+    counted = sum(s.attributes.get("dask.task.count", 1) for s in telemetry.children(root))
+    assert counted == root.attributes["dask.graph.tasks"]
+
+
+def test_uninstrument_while_another_thread_computes_closes_that_compute(telemetry):
+    started, release = threading.Event(), threading.Event()
+
+    def hold(x: int) -> int:
+        started.set()
+        release.wait(timeout=10)
+        return x
+
+    results = []
+    worker = threading.Thread(target=lambda: results.append(dask.get({"a": 1, "h": (hold, "a")}, "h")))
+    worker.start()
+    assert started.wait(timeout=10)
+    telemetry.handle.uninstrument()
+    release.set()
+    worker.join(timeout=10)
+    assert results == [1]
+    (root,) = [s for s in telemetry.exporter.get_finished_spans() if s.name == "dask.compute"]
+    assert root.attributes["otel_graph.incomplete"] is True
+
+
+def test_a_broken_span_processor_never_fails_the_users_compute():
+    from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+
+    import otel_graph
+
+    class Broken(SpanProcessor):
+        def on_start(self, span, parent_context=None):
+            raise RuntimeError("broken processor")
+
+    provider = TracerProvider()
+    provider.add_span_processor(Broken())
+    with otel_graph.instrument_scheduler(tracer_provider=provider, meter_provider=_noop_meter(),
+                                         resources=False) as handle:
+        assert dask.get(DSK, "z") == 12
+        assert handle._tracker.begin_errors == 1
+
+
+def test_a_thread_pool_passed_as_pool_is_labelled_threads(telemetry):
+    from multiprocessing.pool import ThreadPool
+
+    with ThreadPool(2) as pool:
+        assert dask.threaded.get(DSK, "z", pool=pool) == 12
+    (root,) = telemetry.roots()
+    assert root.attributes["dask.scheduler"] == "threads"
+    assert len(telemetry.children(root)) == 2
