@@ -131,16 +131,30 @@ class OwnedSdk:
         }
 
     def flush(self, timeout_s: float) -> bool:
-        """Export everything recorded so far, within one shared ``timeout_s``."""
-        deadline = time.monotonic() + timeout_s
-        ok = True
-        if self.tracer_provider is not None:
-            ok = self.tracer_provider.force_flush(int(timeout_s * 1000)) and ok
+        """Export everything recorded so far, spans and metrics side by side, within ``timeout_s``."""
+        metrics_done: list[bool] = []
+        thread = None
         # A pull reader (Prometheus) has nothing to push, and collecting for it early makes
         # its next scrape list every series twice.
         if self.meter_provider is not None and self.metric_exporter is not None:
-            left = max(deadline - time.monotonic(), 0.001)
-            ok = _bounded(lambda: self.meter_provider.force_flush(int(left * 1000)), left) and ok
+            provider = self.meter_provider
+
+            def flush_metrics() -> None:
+                try:
+                    metrics_done.append(provider.force_flush(int(timeout_s * 1000)))
+                except Exception:
+                    logger.debug("otel_graph: metric flush raised", exc_info=True)
+                    metrics_done.append(False)
+
+            thread = threading.Thread(target=flush_metrics, name="otel-graph-flush", daemon=True)
+            thread.start()
+        started = time.monotonic()
+        ok = True
+        if self.tracer_provider is not None:
+            ok = self.tracer_provider.force_flush(int(timeout_s * 1000))
+        if thread is not None:
+            thread.join(max(0.0, timeout_s - (time.monotonic() - started)))
+            ok = ok and metrics_done == [True]
         return bool(ok)
 
     def deliver_at_exit(self, *, timeout_s: float) -> None:
@@ -170,23 +184,6 @@ class OwnedSdk:
             exporter = self.metric_exporter
             if exporter is not None:
                 exporter.undelivered += exporter.inflight
-
-
-def _bounded(call: Any, timeout_s: float) -> bool:
-    """Run ``call`` on a daemon thread and wait at most ``timeout_s``: a hung exporter stays behind."""
-    outcome: list[Any] = []
-
-    def run() -> None:
-        try:
-            outcome.append(call())
-        except Exception:
-            logger.debug("otel_graph: flush raised", exc_info=True)
-            outcome.append(False)
-
-    thread = threading.Thread(target=run, name="otel-graph-flush", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    return bool(outcome) and outcome[0] is not False
 
 
 def build_sdk(settings: Settings, *, traces: bool, metrics: bool, scope: InstrumentationScope) -> OwnedSdk:
