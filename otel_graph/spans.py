@@ -114,7 +114,7 @@ def _worker_id(worker: int) -> str:
 
 
 # A key is rendered once as its own span's key and again in each dependent's list.
-_key_text = lru_cache(maxsize=1 << 16)(key_to_str)
+_key_text = lru_cache(maxsize=1 << 14)(key_to_str)
 
 
 def task_attributes(ev: TaskEvent, prefix: str, graph: Mapping | None, state: Mapping | None) -> dict[str, Any]:
