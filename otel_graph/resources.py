@@ -40,7 +40,9 @@ A utilization is the fraction of time since the previous reading (the first
 covers the time since ``observe_resources``), from 0 to 1. The process's is
 divided by the CPUs it may run on, so 1 means "all my CPUs, all the time"; the
 system's covers all CPUs together. Each mode or state appears where the
-platform has it. Being deltas, two readers on one provider each see the time
+platform has it. The kernel counts CPU time in ticks of about 10 ms, so a
+system reading over an interval in which no tick passed has no value and is
+left out rather than guessed. Being deltas, two readers on one provider each see the time
 since *either* last collected. GPUs: see :mod:`otel_graph.gpu`.
 
 Errors

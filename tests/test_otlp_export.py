@@ -68,7 +68,9 @@ def metric_points(receiver: OtlpReceiver, name: str) -> list[dict]:
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
 def test_spans_and_metrics_arrive_without_any_flush_call(receiver, protocol):
     endpoint = receiver.grpc_endpoint if protocol == "grpc" else receiver.http_endpoint
-    run = run_app("--tasks", "30", env=otlp_env(endpoint, protocol))
+    # Each task burns 3 ms of CPU: /proc/stat ticks every 10 ms, and a system CPU
+    # utilization over an interval with no tick has no value to report.
+    run = run_app("--tasks", "30", "--busy-ms", "3", env=otlp_env(endpoint, protocol))
     assert run.returncode == 0, run.stderr
     assert run.value("RESULT") == str(sum(range(1, 31)))
     spans = receiver.spans()

@@ -7,7 +7,8 @@ print COMPUTED, then wait for a line on stdin before flushing), ``--no-instrumen
 exiting and print FLUSHED with its result and the handle's stats, then FLUSH_SECONDS,
 how long the call took), ``--flush-before-wait`` (the same, but before COMPUTED, so
 that what the parent inspects while the app waits is complete) and
-``--flush-timeout`` (the flush's ``timeout_s``, default 30). It prints RESULT and
+``--flush-timeout`` (the flush's ``timeout_s``, default 30) and ``--busy-ms`` (CPU
+time each task burns, default 0). It prints RESULT and
 LAST_COMPUTE_END (a time.monotonic() reading) so the parent can check correctness
 and exit latency.
 """
@@ -24,7 +25,14 @@ import dask.multiprocessing
 import dask.threaded
 
 
+BUSY_S = 0.0
+
+
 def inc(x: int) -> int:
+    # Real CPU work (not a sleep) so that CPU readings have clock ticks to measure.
+    deadline = time.thread_time() + BUSY_S
+    while time.thread_time() < deadline:
+        pass
     return x + 1
 
 
@@ -50,7 +58,10 @@ def main() -> None:
     parser.add_argument("--flush", action="store_true")
     parser.add_argument("--flush-before-wait", action="store_true")
     parser.add_argument("--flush-timeout", type=float, default=30.0)
+    parser.add_argument("--busy-ms", type=float, default=0.0)
     args = parser.parse_args()
+    global BUSY_S
+    BUSY_S = args.busy_ms / 1000
 
     handle = None
     if not args.no_instrument:
