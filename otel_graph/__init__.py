@@ -57,12 +57,19 @@ if TYPE_CHECKING:
     from otel_graph.instrumentor import DaskInstrumentor
 
 
-def instrument_scheduler(*, tracer_provider: Any = None, meter_provider: Any = None,
+def instrument_scheduler(*, tracer_provider: Any = None, meter_provider: Any = None, client: Any = None,
                          **options: Any) -> Instrumentation:
     """Trace and meter every task of Dask's schedulers from now on (see the module docs)."""
     from otel_graph.instrumentation import instrument_scheduler as instrument
 
-    return instrument(tracer_provider=tracer_provider, meter_provider=meter_provider, **options)
+    return instrument(tracer_provider=tracer_provider, meter_provider=meter_provider, client=client, **options)
+
+
+def dask_setup(server: Any) -> Any:
+    """``dask scheduler --preload otel_graph`` / ``dask worker --preload otel_graph``."""
+    from otel_graph.cluster.preload import setup
+
+    return setup(server)
 
 
 def __getattr__(name: str) -> Any:

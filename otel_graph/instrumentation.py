@@ -19,17 +19,20 @@ interpreter exit, the live instrumentation drains, delivers within
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import logging
+import sys
 import threading
 import time
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_graph._version import __version__
-from otel_graph.config import Settings, load_settings
+from otel_graph.config import ConfigurationError, Settings, load_settings
 from otel_graph.local import LocalCapture
 from otel_graph.metrics import TaskMetrics, observe_delivery, observe_memory
 from otel_graph.resources import Switch
@@ -65,10 +68,12 @@ def _is_sdk_meter_provider(provider: Any) -> bool:
     return isinstance(provider, MeterProvider)
 
 
-def _owned_sdk(settings: Settings, *, traces: bool, metrics_: bool) -> OwnedSdk:
+def _owned_sdk(settings: Settings, *, traces: bool, metrics_: bool,
+               resource_attributes: dict[str, Any] | None = None) -> OwnedSdk:
     owned = _Process.owned
     if owned is None:
-        owned = _Process.owned = build_sdk(settings, traces=traces, metrics=metrics_, scope=SCOPE)
+        owned = _Process.owned = build_sdk(settings, traces=traces, metrics=metrics_, scope=SCOPE,
+                                           resource_attributes=resource_attributes)
         if owned.tracer_provider is not None:
             trace.set_tracer_provider(owned.tracer_provider)
         if owned.meter_provider is not None:
@@ -117,55 +122,100 @@ def _instruments_for(provider: Any, meter: Any, histograms: Any, settings: Setti
     return instruments
 
 
+@dataclass
+class Providers:
+    """The providers telemetry goes through, and what otel_graph made on them."""
+
+    tracer_provider: Any
+    meter_provider: Any
+    owned: OwnedSdk | None
+    tracer: Any
+    emitter: Any
+    instruments: _MeterInstruments
+
+
+def _choose(current: Any, is_sdk: Any, attribute: str, settings: Settings, *, own_metrics: bool,
+            resource_attributes: dict[str, Any] | None) -> tuple[Any, OwnedSdk | None]:
+    """The global provider if the application set an SDK one; else ours, built once per process."""
+    owned = _Process.owned
+    if owned is not None and current is getattr(owned, attribute):
+        return current, owned
+    if is_sdk(current):
+        return current, None
+    owned = _owned_sdk(settings, traces=attribute == "tracer_provider", metrics_=own_metrics,
+                       resource_attributes=resource_attributes)
+    return getattr(owned, attribute) or current, owned
+
+
+def providers_for(settings: Settings, *, tracer_provider: Any = None, meter_provider: Any = None,
+                  resource_attributes: dict[str, Any] | None = None) -> Providers:
+    """Pick (or build) the providers and make otel_graph's instruments on them.
+
+    Shared by :class:`Instrumentation` and the distributed worker plugin, which run
+    the same choice: the caller's providers, else the application's global SDK ones,
+    else ours built from the environment.
+    """
+    owned: OwnedSdk | None = None
+    if tracer_provider is None:
+        tracer_provider, owned = _choose(trace.get_tracer_provider(), _is_sdk_tracer_provider,
+                                         "tracer_provider", settings, own_metrics=meter_provider is None,
+                                         resource_attributes=resource_attributes)
+    if meter_provider is None:
+        meter_provider, owned_meter = _choose(metrics.get_meter_provider(), _is_sdk_meter_provider,
+                                              "meter_provider", settings, own_metrics=True,
+                                              resource_attributes=resource_attributes)
+        owned = owned or owned_meter
+    tracer = tracer_provider.get_tracer(SCOPE.name, SCOPE.version)
+    meter = meter_provider.get_meter(SCOPE.name, SCOPE.version)
+    emitter: Any = ApiEmitter(tracer)
+    if owned is not None and tracer_provider is owned.tracer_provider and hasattr(
+            tracer_provider, "_active_span_processor"):
+        emitter = DirectEmitter(tracer_provider, SCOPE)
+    histograms = owned.histograms if owned is not None and meter_provider is owned.meter_provider else None
+    instruments = _instruments_for(meter_provider, meter, histograms, settings)
+    return Providers(tracer_provider, meter_provider, owned, tracer, emitter, instruments)
+
+
 class Instrumentation:
     """The handle ``instrument_scheduler()`` returns; also a context manager."""
 
-    def __init__(self, settings: Settings, *, tracer_provider: Any = None, meter_provider: Any = None) -> None:
+    def __init__(self, settings: Settings, *, tracer_provider: Any = None, meter_provider: Any = None,
+                 client: Any = None) -> None:
         self.settings = settings
-        self._owned: OwnedSdk | None = None
-        if tracer_provider is None:
-            tracer_provider = self._global_or_owned(trace.get_tracer_provider(), _is_sdk_tracer_provider,
-                                                    "tracer_provider", settings, own_metrics=meter_provider is None)
-        if meter_provider is None:
-            meter_provider = self._global_or_owned(metrics.get_meter_provider(), _is_sdk_meter_provider,
-                                                   "meter_provider", settings, own_metrics=True)
-        tracer = tracer_provider.get_tracer(SCOPE.name, SCOPE.version)
-        meter = meter_provider.get_meter(SCOPE.name, SCOPE.version)
-
-        owned = self._owned
-        emitter: Any = ApiEmitter(tracer)
-        if owned is not None and tracer_provider is owned.tracer_provider and hasattr(
-                tracer_provider, "_active_span_processor"):
-            emitter = DirectEmitter(tracer_provider, SCOPE)
-        histograms = owned.histograms if owned is not None and meter_provider is owned.meter_provider else None
-        self._meter_provider = meter_provider
-        self._instruments = _instruments_for(meter_provider, meter, histograms, settings)
-        self._tracker = Tracker(tracer=tracer, emitter=emitter, metrics=self._instruments.task_metrics,
+        chosen = self.providers = providers_for(settings, tracer_provider=tracer_provider,
+                                                meter_provider=meter_provider)
+        self._owned = chosen.owned
+        self._meter_provider = chosen.meter_provider
+        self._instruments = chosen.instruments
+        self._tracker = Tracker(tracer=chosen.tracer, emitter=chosen.emitter,
+                                metrics=self._instruments.task_metrics,
                                 max_task_spans=settings.max_task_spans,
                                 drain_interval_s=settings.drain_interval_s)
         self._capture = LocalCapture(self._tracker)
         self._capture.install()
-        self._live = True
+        self._cluster: Any = None
+        if _distributed_available():
+            from otel_graph.cluster.client import ClusterCapture
 
-    def _global_or_owned(self, current: Any, is_sdk: Any, attribute: str, settings: Settings, *,
-                         own_metrics: bool) -> Any:
-        """The global provider if the application set an SDK one; else ours, built once per process."""
-        owned = _Process.owned
-        if owned is not None and current is getattr(owned, attribute):
-            self._owned = owned
-            return current
-        if is_sdk(current):
-            return current
-        self._owned = _owned_sdk(settings, traces=attribute == "tracer_provider", metrics_=own_metrics)
-        return getattr(self._owned, attribute) or current
+            self._cluster = ClusterCapture(self._tracker, settings)
+            self._cluster.install()
+            if client is not None:
+                self._cluster.attach(client)
+        elif client is not None:
+            raise ConfigurationError("instrument_scheduler(client=...) needs dask.distributed installed")
+        self._live = True
 
     # -- public ----------------------------------------------------------------------------
     def flush(self, timeout_s: float | None = None) -> bool:
         """Block until everything recorded so far is exported; True if it all went."""
+        deadline = time.monotonic() + (30.0 if timeout_s is None else timeout_s)
         drained = self._tracker.flush(timeout_s)
+        if self._cluster is not None:
+            # Workers flush side by side with us: each exports to the collector itself.
+            drained = self._cluster.flush(max(0.1, deadline - time.monotonic())) and drained
         if self._owned is None:
             return drained
-        return self._owned.flush(30.0 if timeout_s is None else timeout_s) and drained
+        return self._owned.flush(max(0.1, deadline - time.monotonic())) and drained
 
     def uninstrument(self) -> None:
         """Stop instrumenting, flush, and restore Dask exactly as it was."""
@@ -174,6 +224,8 @@ class Instrumentation:
                 return
             self._live = False
             self._capture.uninstall()
+            if self._cluster is not None:
+                self._cluster.uninstall()
             if _Process.live is self:
                 _Process.live = None
         self._instruments.readings.stop()
@@ -205,6 +257,8 @@ class Instrumentation:
         timeout = self.settings.exit_timeout_s
         started = time.monotonic()
         self._capture.uninstall()
+        if self._cluster is not None:
+            self._cluster.uninstall()
         owned = self._owned
         processor = owned.span_processor if owned is not None else None
         # With the collector down or hung, building the last spans only delays the exit:
@@ -252,26 +306,49 @@ class _Disabled:
         return None
 
 
-def instrument_scheduler(*, tracer_provider: Any = None, meter_provider: Any = None,
+def _distributed_available() -> bool:
+    # Imported when installed (about 0.3 s, once): Clients made later must be caught too.
+    return "distributed" in sys.modules or importlib.util.find_spec("distributed") is not None
+
+
+def live_providers() -> Providers | None:
+    """The providers of the live instrumentation in this process, if any."""
+    handle = _Process.live
+    return getattr(handle, "providers", None)
+
+
+def ensure_exit_hook() -> None:
+    with _Process.lock:
+        if not _Process.exit_hook:
+            _Process.exit_hook = True
+            atexit.register(_exit)
+
+
+def instrument_scheduler(*, tracer_provider: Any = None, meter_provider: Any = None, client: Any = None,
                          **options: Any) -> Instrumentation:
     """Trace and meter every task of Dask's schedulers from now on; see :mod:`otel_graph`."""
     with _Process.lock:
         if _Process.live is not None:
+            cluster = getattr(_Process.live, "_cluster", None)
+            if client is not None and cluster is not None:
+                cluster.attach(client)
             return _Process.live
         settings = load_settings(**options)
         handle: Any
         if settings.sdk_disabled and tracer_provider is None and meter_provider is None:
             handle = _Disabled()
         else:
-            handle = Instrumentation(settings, tracer_provider=tracer_provider, meter_provider=meter_provider)
+            handle = Instrumentation(settings, tracer_provider=tracer_provider, meter_provider=meter_provider,
+                                     client=client)
         _Process.live = handle
-        if not _Process.exit_hook:
-            _Process.exit_hook = True
-            atexit.register(_exit)
+        ensure_exit_hook()
         return handle
 
 
 def _exit() -> None:
+    worker = sys.modules.get("otel_graph.cluster.worker")
+    if worker is not None:
+        worker.close_at_exit()
     handle = _Process.live
     if handle is not None:
         handle._at_exit()

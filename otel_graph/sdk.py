@@ -49,11 +49,12 @@ from otel_graph.pipeline import CountingMetricExporter, ReliableSpanProcessor
 logger = logging.getLogger("otel_graph")
 
 
-def build_resource() -> Resource:
+def build_resource(extra: dict[str, Any] | None = None) -> Resource:
     resource = Resource.create({
         "service.instance.id": str(uuid.uuid4()),
         "process.pid": os.getpid(),
         "host.name": socket.gethostname(),
+        **(extra or {}),
     })
     if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
         resource = resource.merge(Resource({"service.name": "dask"}))
@@ -186,9 +187,10 @@ class OwnedSdk:
                 exporter.undelivered += exporter.inflight
 
 
-def build_sdk(settings: Settings, *, traces: bool, metrics: bool, scope: InstrumentationScope) -> OwnedSdk:
+def build_sdk(settings: Settings, *, traces: bool, metrics: bool, scope: InstrumentationScope,
+              resource_attributes: dict[str, Any] | None = None) -> OwnedSdk:
     owned = OwnedSdk()
-    resource = build_resource()
+    resource = build_resource(resource_attributes)
     if traces:
         provider = TracerProvider(resource=resource, shutdown_on_exit=False)
         exporter = _span_exporter(settings)

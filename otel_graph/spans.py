@@ -17,7 +17,7 @@ so span names stay few. It carries:
 ``error.type``                 failed tasks only, with an ``exception`` event and ERROR status
 =============================  =====================================================
 
-Emitters:
+Emitters (each returns the new span's context, for children such as a task's phases):
 
 * :class:`ApiEmitter` goes through ``tracer.start_span``: any provider, including
   one the application configured, receives the spans the ordinary way.
@@ -105,7 +105,7 @@ class _FunctionNames:
                 self._visit(item, names, depth + 1)
 
 
-_function_names = _FunctionNames()
+function_names = _FunctionNames()
 
 
 @lru_cache(maxsize=4096)
@@ -114,12 +114,12 @@ def _worker_id(worker: int) -> str:
 
 
 # A key is rendered once as its own span's key and again in each dependent's list.
-_key_text = lru_cache(maxsize=1 << 14)(key_to_str)
+key_text = lru_cache(maxsize=1 << 14)(key_to_str)
 
 
 def task_attributes(ev: TaskEvent, prefix: str, graph: Mapping | None, state: Mapping | None) -> dict[str, Any]:
     attributes: dict[str, Any] = {
-        "dask.task.key": _key_text(ev.key),
+        "dask.task.key": key_text(ev.key),
         "dask.task.prefix": prefix,
         "dask.worker.id": _worker_id(ev.worker),
         "thread.id": ev.thread,
@@ -136,10 +136,10 @@ def task_attributes(ev: TaskEvent, prefix: str, graph: Mapping | None, state: Ma
         if deps:
             # Past the bound, name a bounded sample rather than render 10^4 keys per span.
             shown = deps if len(deps) <= MAX_DEPENDENCIES else islice(deps, MAX_DEPENDENCIES)
-            attributes["dask.task.dependencies"] = tuple(sorted(map(_key_text, shown)))
+            attributes["dask.task.dependencies"] = tuple(sorted(map(key_text, shown)))
         attributes["dask.task.dependent_count"] = len(state["dependents"].get(ev.key, ()))
     if graph is not None:
-        functions = _function_names(graph.get(ev.key))
+        functions = function_names(graph.get(ev.key))
         if functions:
             attributes["code.function.name"] = functions
     return attributes
@@ -182,7 +182,7 @@ class ApiEmitter:
         self._tracer = tracer
 
     def emit(self, *, parent: trace.Span, name: str, start_ns: int, end_ns: int,
-             attributes: dict[str, Any], error: ErrorInfo | None = None) -> None:
+             attributes: dict[str, Any], error: ErrorInfo | None = None) -> trace.SpanContext:
         context = trace.set_span_in_context(parent)
         span = self._tracer.start_span(name, context=context, kind=SpanKind.INTERNAL,
                                        attributes=attributes, start_time=start_ns)
@@ -190,6 +190,7 @@ class ApiEmitter:
             span.add_event("exception", exception_event_attributes(error), timestamp=end_ns)
             span.set_status(_status(error))
         span.end(end_time=end_ns)
+        return span.get_span_context()
 
 
 class DirectEmitter:
@@ -210,7 +211,7 @@ class DirectEmitter:
         self._parent_context: Any = None
 
     def emit(self, *, parent: trace.Span, name: str, start_ns: int, end_ns: int,
-             attributes: dict[str, Any], error: ErrorInfo | None = None) -> None:
+             attributes: dict[str, Any], error: ErrorInfo | None = None) -> Any:
         if parent is not self._parent:  # spans come in runs of one compute: read its context once
             self._parent, self._parent_context = parent, parent.get_span_context()
         parent_context = self._parent_context
@@ -226,3 +227,4 @@ class DirectEmitter:
             start_time=start_ns, end_time=end_ns, instrumentation_scope=self._scope,
         )
         self._processor.on_end(span)
+        return context

@@ -46,7 +46,7 @@ class ComputeRecord:
     """One compute: what capture writes (``sink``, ``submitted``, ``lost``) and what we derive."""
 
     __slots__ = ("scheduler", "span", "context", "start_ns", "end_ns", "error", "sink", "submitted",
-                 "lost", "seen", "graph", "state", "plan", "sampled")
+                 "lost", "seen", "graph", "state", "plan", "sampled", "graph_tasks")
 
     def __init__(self, scheduler: str, span: trace.Span, start_ns: int) -> None:
         self.scheduler = scheduler
@@ -63,6 +63,8 @@ class ComputeRecord:
         self.graph: Any = None
         self.state: Any = None
         self.plan: SpanPlan | None = None
+        #: Tasks counted elsewhere (the distributed scheduler); None where we count them ourselves.
+        self.graph_tasks: int | None = None
 
     def held(self) -> tuple[int, int]:
         """Results in Dask's cache right now: (count, bytes). Read from another thread.
@@ -127,6 +129,19 @@ class Tracker:
         with self._wake:
             self._requested += 1
             self._wake.notify()
+
+    def find_traceparent(self, traceparent: Any) -> ComputeRecord | None:
+        """The compute (running, or ended but not yet settled) whose span has this W3C traceparent."""
+        parts = str(traceparent or "").split("-")
+        if len(parts) != 4:
+            return None
+        with self._lock:
+            records = list(self._records)
+        for record in records:
+            context = record.span.get_span_context()
+            if f"{context.span_id:016x}" == parts[2] and f"{context.trace_id:032x}" == parts[1]:
+                return record
+        return None
 
     def running(self) -> Iterator[ComputeRecord]:
         with self._lock:
@@ -254,7 +269,10 @@ class Tracker:
     def _finish(self, record: ComputeRecord, plan: SpanPlan) -> None:
         plan.finish()
         span = record.span
-        span.set_attribute("dask.graph.tasks", record.seen)
+        if record.scheduler != "distributed":
+            span.set_attribute("dask.graph.tasks", record.seen)
+        elif record.graph_tasks is not None:
+            span.set_attribute("dask.graph.tasks", record.graph_tasks)
         if record.submitted > record.seen:
             span.set_attribute("dask.graph.tasks_lost", record.submitted - record.seen)
         failed = record.error is not None

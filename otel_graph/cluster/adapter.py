@@ -1,0 +1,199 @@
+"""Every read of dask.distributed internals, in one place.
+
+distributed's docs say worker and scheduler state "change without deprecation", so
+nothing else in otel_graph touches them: when a release moves a field, this module is
+the one to fix. Checked against distributed 2026.8:
+
+* ``WorkerPlugin.transition`` gets only ``(key, start, finish)``; the task's record is
+  ``worker.state.tasks[key]``: ``startstops``, ``nbytes``, ``type``, ``annotations``,
+  ``dependencies``/``dependents``, ``exception``/``traceback_text``, ``run_spec``;
+  the thread that ran it is ``worker.state.threads[key]``.
+* ``compute`` and ``transfer`` start/stops are on the *scheduler's* clock (the
+  worker adds ``worker.scheduler_delay``); ``disk-read``/``disk-write`` are on the
+  worker's own. :func:`task_run` puts them all back on the worker's clock.
+* transfers are logged with their bytes in ``worker.transfer_incoming_log``.
+* scheduler: ``task_prefixes[*].state_counts``, ``workers[*].memory`` (a
+  ``MemoryState``) and ``workers[*].memory_limit``.
+
+Every function here tolerates a missing field by returning less, never by raising.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from itertools import islice
+from typing import Any, NamedTuple
+
+from otel_graph.events import ErrorInfo
+
+#: Dependency keys kept per task; the count is always kept in full.
+MAX_DEPENDENCIES = 32
+_TRANSFER_LOOKBACK = 64
+
+
+class Phase(NamedTuple):
+    """A non-compute part of a task's run: fetching its inputs, or spilling."""
+
+    action: str  # transfer | disk-read | disk-write
+    start_ns: int
+    end_ns: int
+    source: str | None  # the worker a transfer came from
+    nbytes: int | None
+
+
+class TaskRun(NamedTuple):
+    """What a worker knows about one finished run of a task, as plain values."""
+
+    start_ns: int
+    end_ns: int
+    thread: int
+    nbytes: int
+    type_name: str
+    error: ErrorInfo | None
+    annotation: Any
+    retries: int
+    phases: tuple[Phase, ...]
+    dependencies: tuple[Any, ...]
+    dependency_count: int
+    dependent_count: int
+    run_spec: Any
+
+
+def _ns(seconds: float) -> int:
+    return int(seconds * 1e9)
+
+
+def worker_identity(worker: Any) -> tuple[str, str]:
+    """(address, name) of a worker."""
+    name = getattr(worker, "name", None)  # often the integer 0: falsy, but a name
+    return str(getattr(worker, "address", "") or ""), "" if name is None else str(name)
+
+
+def task_run(worker: Any, key: Any, *, annotation_name: str) -> TaskRun | None:
+    """Read a task that just left ``executing``; None if the worker no longer has it."""
+    ts = worker.state.tasks.get(key)
+    if ts is None:
+        return None
+    delay = getattr(worker, "scheduler_delay", 0.0) or 0.0
+    start = end = None
+    phases: list[Phase] = []
+    for entry in ts.startstops or ():
+        action = entry.get("action")
+        on_worker_clock = action in ("disk-read", "disk-write")
+        offset = 0.0 if on_worker_clock else delay
+        began, ended = entry["start"] - offset, entry["stop"] - offset
+        if action == "compute":
+            start, end = began, ended  # the last one: this run's
+        elif action in ("transfer", "disk-read", "disk-write"):
+            source = entry.get("source")
+            nbytes = _transfer_bytes(worker, entry) if action == "transfer" else None
+            phases.append(Phase(action, _ns(began), _ns(ended), source, nbytes))
+    if start is None:
+        return None  # it never ran here (cancelled before executing)
+    annotations = ts.annotations or {}
+    dependencies = ts.dependencies
+    return TaskRun(
+        start_ns=_ns(start), end_ns=_ns(end),
+        thread=int(worker.state.threads.get(key, 0) or 0),
+        nbytes=int(ts.nbytes) if ts.nbytes is not None else -1,
+        type_name=_type_name(ts.type),
+        error=_error(ts) if ts.state == "error" else None,
+        annotation=annotations.get(annotation_name),
+        retries=int(annotations.get("retries") or 0),
+        phases=tuple(phases),
+        dependencies=tuple(dep.key for dep in islice(dependencies, MAX_DEPENDENCIES)),
+        dependency_count=len(dependencies),
+        dependent_count=len(ts.dependents),
+        run_spec=ts.run_spec,
+    )
+
+
+def _type_name(kind: Any) -> str:
+    if kind is None:
+        return ""
+    return getattr(kind, "__qualname__", None) or str(kind)
+
+
+def _error(ts: Any) -> ErrorInfo:
+    exception = getattr(ts.exception, "data", ts.exception)
+    if isinstance(exception, BaseException):
+        kind = type(exception)
+        module = kind.__module__
+        type_name = kind.__qualname__ if module in ("builtins", None) else f"{module}.{kind.__qualname__}"
+        try:
+            message = str(exception)
+        except Exception:
+            message = ts.exception_text or ""
+    else:
+        text = ts.exception_text or ""
+        type_name, message = text.split("(", 1)[0] or "Exception", text
+    stack = ts.traceback_text or ""
+    return ErrorInfo(type_name, message, f"{stack}{type_name}: {message}")
+
+
+def _transfer_bytes(worker: Any, entry: dict) -> int | None:
+    log = getattr(worker, "transfer_incoming_log", None)
+    if not log:
+        return None
+    # The log holds the same (scheduler-clock) start; the transfer is recent, so look back a little.
+    for record in islice(reversed(log), _TRANSFER_LOOKBACK):
+        if record.get("start") == entry["start"] and record.get("who") == entry.get("source"):
+            return int(record.get("total", 0))
+    return None
+
+
+def current_task_annotation(*, annotation_name: str) -> Any:
+    """The annotation of the task running on this thread, when called from inside a task."""
+    try:
+        from distributed.worker import get_worker, thread_state
+
+        key = getattr(thread_state, "key", None)
+        if key is None:
+            return None
+        ts = get_worker().state.tasks.get(key)
+    except Exception:
+        return None
+    return (ts.annotations or {}).get(annotation_name) if ts is not None else None
+
+
+# -- scheduler ------------------------------------------------------------------------------
+def task_states(scheduler: Any) -> dict[str, int]:
+    """Tasks the scheduler knows, by state, summed over prefixes: O(prefixes), not O(tasks)."""
+    totals: dict[str, int] = {}
+    for prefix in list(scheduler.task_prefixes.values()):
+        for state, count in dict(prefix.state_counts).items():
+            if state != "forgotten" and count:
+                totals[state] = totals.get(state, 0) + count
+    return totals
+
+
+class WorkerMemory(NamedTuple):
+    address: str
+    name: str
+    managed: int
+    unmanaged: int
+    spilled: int
+    limit: int
+
+
+def worker_memory(scheduler: Any) -> Iterable[WorkerMemory]:
+    for ws in list(scheduler.workers.values()):
+        memory = ws.memory
+        yield WorkerMemory(str(ws.address), str(ws.name), int(memory.managed), int(memory.unmanaged),
+                           int(memory.spilled), int(ws.memory_limit or 0))
+
+
+def worker_count(scheduler: Any) -> int:
+    return len(scheduler.workers)
+
+
+def client_worker_count(client: Any) -> int:
+    """Workers the client last heard of, without a round trip; at least 1."""
+    identity = getattr(client, "_scheduler_identity", None) or {}
+    return max(1, len(identity.get("workers", {}) or {}))
+
+
+def is_scheduler(server: Any) -> bool:
+    from distributed import Scheduler
+
+    return isinstance(server, Scheduler)

@@ -1,0 +1,152 @@
+"""On the dask.distributed scheduler: cheap gauges, and the few events a trace needs.
+
+The scheduler is every cluster's bottleneck (one event loop), so nothing here runs per
+task. :class:`SchedulerTelemetryPlugin` does three things:
+
+* **Gauges, read only when a metric reader collects**, from summaries the scheduler
+  already keeps (O(prefixes + workers), never O(tasks)):
+
+  ===========================  ==========  ============================================
+  ``dask.scheduler.tasks``     ``{task}``  ``dask.task.state``
+  ``dask.scheduler.workers``   ``{worker}``
+  ``dask.worker.memory.usage`` ``By``      ``dask.worker.id``, ``dask.worker.name``,
+                                           ``dask.memory.state``: managed, unmanaged,
+                                           spilled
+  ``dask.worker.memory.limit`` ``By``      ``dask.worker.id``, ``dask.worker.name``
+  ===========================  ==========  ============================================
+
+* **Per graph update**, one event to subscribed clients with the number of tasks the
+  update brought, for the compute span's ``dask.graph.tasks``.
+* **Per worker removed**, one event, so that open compute spans can say which worker
+  was lost mid-graph.
+
+Events go out on the ``otel-graph`` topic (``Scheduler.log_event``); an instrumented
+client subscribes to it. Where the scheduler runs in a process without otel_graph
+instrumented (``dask scheduler --preload otel_graph``), the gauges use an SDK built
+from that process's own ``OTEL_*`` variables.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+from typing import Any
+
+from distributed.diagnostics.plugin import SchedulerPlugin
+from opentelemetry.metrics import CallbackOptions, Observation
+
+from otel_graph.cluster import adapter
+from otel_graph.cluster.propagation import ANNOTATION
+
+logger = logging.getLogger("otel_graph")
+
+PLUGIN_NAME = "otel-graph"
+TOPIC = "otel-graph"
+
+_SCHEDULERS: weakref.WeakSet = weakref.WeakSet()
+_GAUGED: weakref.WeakSet = weakref.WeakSet()  # meter providers that already have the gauges
+
+
+def _each_scheduler() -> list[Any]:
+    return list(_SCHEDULERS)
+
+
+def _tasks(options: CallbackOptions) -> list[Observation]:
+    points = []
+    for scheduler in _each_scheduler():
+        try:
+            for state, count in adapter.task_states(scheduler).items():
+                points.append(Observation(count, {"dask.task.state": state}))
+        except Exception:  # read from the exporter's thread while the loop mutates: skip this one
+            continue
+    return points
+
+
+def _workers(options: CallbackOptions) -> list[Observation]:
+    return [Observation(adapter.worker_count(s)) for s in _each_scheduler()]
+
+
+def _memory(options: CallbackOptions) -> list[Observation]:
+    points = []
+    for scheduler in _each_scheduler():
+        try:
+            for memory in adapter.worker_memory(scheduler):
+                base = {"dask.worker.id": memory.address, "dask.worker.name": memory.name}
+                for state in ("managed", "unmanaged", "spilled"):
+                    points.append(Observation(getattr(memory, state), {**base, "dask.memory.state": state}))
+        except Exception:
+            continue
+    return points
+
+
+def _limits(options: CallbackOptions) -> list[Observation]:
+    points = []
+    for scheduler in _each_scheduler():
+        try:
+            for memory in adapter.worker_memory(scheduler):
+                if memory.limit:
+                    points.append(Observation(memory.limit, {"dask.worker.id": memory.address,
+                                                             "dask.worker.name": memory.name}))
+        except Exception:
+            continue
+    return points
+
+
+def observe_scheduler(meter_provider: Any, meter: Any) -> None:
+    """Create the gauges once per meter provider; they report every live scheduler in the process."""
+    if meter_provider in _GAUGED:
+        return
+    _GAUGED.add(meter_provider)
+    meter.create_observable_gauge("dask.scheduler.tasks", [_tasks], unit="{task}",
+                                  description="Tasks the scheduler holds, by state.")
+    meter.create_observable_gauge("dask.scheduler.workers", [_workers], unit="{worker}",
+                                  description="Workers connected to the scheduler.")
+    meter.create_observable_gauge("dask.worker.memory.usage", [_memory], unit="By",
+                                  description="Worker memory as the scheduler sees it: managed, unmanaged, spilled.")
+    meter.create_observable_gauge("dask.worker.memory.limit", [_limits], unit="By",
+                                  description="Each worker's memory limit.")
+
+
+class SchedulerTelemetryPlugin(SchedulerPlugin):
+    """Registered on the scheduler by an instrumented client or by ``--preload otel_graph``."""
+
+    name = PLUGIN_NAME
+
+    def start(self, scheduler: Any) -> None:
+        self._scheduler = scheduler
+        try:
+            from otel_graph.config import load_settings
+            from otel_graph.instrumentation import SCOPE, ensure_exit_hook, live_providers, providers_for
+
+            providers = live_providers()
+            if providers is None:
+                settings = load_settings()
+                if settings.sdk_disabled:
+                    return
+                providers = providers_for(settings, resource_attributes={"dask.scheduler.address":
+                                                                         str(scheduler.address)})
+                ensure_exit_hook()
+            meter = providers.meter_provider.get_meter(SCOPE.name, SCOPE.version)
+            observe_scheduler(providers.meter_provider, meter)
+            _SCHEDULERS.add(scheduler)
+        except Exception as exc:
+            logger.warning("otel_graph: scheduler gauges are off: %s", exc)
+
+    async def close(self) -> None:
+        scheduler = getattr(self, "_scheduler", None)
+        if scheduler is not None:
+            _SCHEDULERS.discard(scheduler)
+
+    def update_graph(self, scheduler: Any, *, tasks: Any = (), annotations: Any = None, **kwargs: Any) -> None:
+        ours = (annotations or {}).get(ANNOTATION)
+        if not ours:
+            return
+        note = next(iter(ours.values()), None)
+        if isinstance(note, dict):
+            scheduler.log_event(TOPIC, {"op": "graph", "traceparent": note.get("traceparent"),
+                                        "tasks": len(tasks)})
+
+    def remove_worker(self, scheduler: Any, worker: str, *, stimulus_id: str = "", **kwargs: Any) -> None:
+        scheduler.log_event(TOPIC, {"op": "worker-lost", "worker": str(worker), "time": time.time(),
+                                    "stimulus_id": str(stimulus_id)})

@@ -1,0 +1,335 @@
+"""On each dask.distributed worker: a span per task run there, task metrics, and readings.
+
+:class:`WorkerTelemetryPlugin` is registered on every worker by an instrumented client
+(or by ``dask worker --preload otel_graph``). Its ``transition`` hook runs on the
+worker's event loop, so it only copies what the worker recorded about a finished run
+(:func:`otel_graph.cluster.adapter.task_run`: plain values, a few microseconds). A
+background thread, :class:`WorkerTelemetry`, turns those records into spans and metric
+points every ``OTEL_GRAPH_DRAIN_INTERVAL`` (at most 1 s here, so a worker killed with
+SIGKILL loses at most about one interval), and exports them with the worker's own SDK.
+
+Spans
+-----
+A task span is the ``compute`` phase, on the worker's clock, under the ``dask.compute``
+span whose context came with the task's annotation (:mod:`.propagation`). It carries
+the core task attributes, with ``dask.worker.id`` the worker's address, plus
+``dask.worker.name``. ``transfer`` (inputs gathered from other workers, with
+``dask.transfer.source`` and ``dask.transfer.bytes``), ``disk-read`` and ``disk-write``
+(spilling) become child spans. A task that allows retries carries
+``dask.task.retries``; a key run more than once on this worker carries
+``dask.task.attempt``.
+
+Each worker applies its share of the compute's span budget, and since it cannot know
+when a compute ends, it settles a compute (kept slow tasks, one aggregate per prefix)
+once a drain brings no new task of it. Tasks that carry no trace context (a client that
+is not instrumented) still count in the metrics.
+
+Where the telemetry goes: the worker's own ``OTEL_*`` variables; when the worker has
+none at all, those of the client that registered the plugin (they may hold exporter
+credentials, so the plugin never shows them in its repr or in logs).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict
+from typing import Any, NamedTuple
+
+from distributed.diagnostics.plugin import WorkerPlugin
+from opentelemetry import trace
+
+from otel_graph.cluster import adapter
+from otel_graph.cluster.propagation import ANNOTATION, budget_of, parent_span
+from otel_graph.events import ErrorInfo, task_prefix
+from otel_graph.policy import Aggregate, SpanPlan
+from otel_graph.spans import aggregate_attributes, function_names, key_text
+
+logger = logging.getLogger("otel_graph")
+
+PLUGIN_NAME = "otel-graph"
+_RAN = frozenset({"executing", "long-running"})
+_DONE = frozenset({"memory", "error"})
+_MAX_OPEN_TRACES = 256
+_MAX_ATTEMPTS_TRACKED = 100_000
+_WORKER_DRAIN_S = 1.0
+
+
+class WorkerEvent(NamedTuple):
+    """A task run as the span budget and the task metrics see it (TaskEvent's fields first)."""
+
+    key: Any
+    start_ns: int
+    end_ns: int
+    worker: str
+    thread: int
+    nbytes: int
+    type_name: str
+    error: ErrorInfo | None
+    run: adapter.TaskRun
+    attempt: int
+
+
+class _Trace:
+    """One compute as seen from this worker: its parent context and its share of the budget."""
+
+    __slots__ = ("parent", "plan", "active")
+
+    def __init__(self, parent: trace.Span, plan: SpanPlan) -> None:
+        self.parent, self.plan, self.active = parent, plan, True
+
+
+class WorkerTelemetry:
+    """Per worker process: records runs from the event loop, builds telemetry on a thread."""
+
+    def __init__(self, worker: Any, *, providers: Any, settings: Any) -> None:
+        self.address, self.name = adapter.worker_identity(worker)
+        self._providers = providers
+        self._settings = settings
+        self._emitter = providers.emitter
+        self._metrics = providers.instruments.task_metrics
+        self._pending: list[WorkerEvent] = []
+        self._traces: OrderedDict[str, _Trace] = OrderedDict()
+        self._attempts: dict[Any, int] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._requested = self._completed = 0
+        self._stopping = False
+        self.record_errors = 0
+        interval = min(settings.drain_interval_s, _WORKER_DRAIN_S)
+        self._interval = interval
+        self._thread = threading.Thread(target=self._run, name="otel-graph-worker", daemon=True)
+        self._thread.start()
+
+    # -- on the worker's event loop ------------------------------------------------------
+    def record(self, worker: Any, key: Any) -> None:
+        try:
+            run = adapter.task_run(worker, key, annotation_name=ANNOTATION)
+        except Exception:  # a changed internal must cost telemetry, never the worker
+            self.record_errors += 1
+            return
+        if run is None:
+            return
+        self._pending.append(WorkerEvent(key, run.start_ns, run.end_ns, self.address, run.thread,
+                                         run.nbytes, run.type_name, run.error, run, self._attempt(key)))
+
+    # -- flush and close ------------------------------------------------------------------
+    def flush(self, timeout_s: float) -> bool:
+        """Turn everything recorded into telemetry, settle every compute, export; True if all went."""
+        deadline = time.monotonic() + timeout_s
+        with self._wake:
+            self._requested += 1
+            target = self._requested
+            self._wake.notify_all()
+            while self._completed < target and self._thread.is_alive():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._wake.wait(min(left, 0.5))
+        owned = self._providers.owned
+        if owned is None:
+            return True
+        return owned.flush(max(0.1, deadline - time.monotonic()))
+
+    def close(self, timeout_s: float) -> None:
+        self.flush(timeout_s)
+        with self._wake:
+            self._stopping = True
+            self._wake.notify_all()
+
+    # -- the thread -----------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                if self._requested == self._completed and not self._stopping:
+                    self._wake.wait(self._interval)
+                if self._stopping:
+                    return
+                target = self._requested
+            settle_all = target != self._completed
+            try:
+                self._drain(settle_all=settle_all)
+            except Exception:
+                logger.debug("otel_graph: worker telemetry drain failed", exc_info=True)
+            with self._wake:
+                self._completed = target
+                self._wake.notify_all()
+
+    def _drain(self, *, settle_all: bool) -> None:
+        count = len(self._pending)
+        events = self._pending[:count]
+        del self._pending[:count]  # appends from the event loop land after `count`
+        for state in self._traces.values():
+            state.active = False
+        if events:
+            prefixes = [task_prefix(ev.key) for ev in events]
+            self._metrics.record_tasks(events, prefixes, "distributed")
+            by_trace: dict[str, tuple[list[WorkerEvent], list[str]]] = {}
+            for ev, prefix in zip(events, prefixes):
+                note = ev.run.annotation
+                traceparent = note.get("traceparent") if isinstance(note, dict) else None
+                if traceparent is None:
+                    continue
+                group = by_trace.setdefault(traceparent, ([], []))
+                group[0].append(ev)
+                group[1].append(prefix)
+            for traceparent, (group, group_prefixes) in by_trace.items():
+                state = self._trace(traceparent, group[0].run.annotation)
+                if state is not None and state.parent.get_span_context().trace_flags.sampled:
+                    state.active = True
+                    state.plan.add(group, group_prefixes)
+        # A compute this drain brought nothing of has (probably) ended here: settle it.
+        for traceparent in [tp for tp, state in self._traces.items() if settle_all or not state.active]:
+            self._traces.pop(traceparent).plan.finish()
+
+    def _trace(self, traceparent: str, note: Any) -> _Trace | None:
+        state = self._traces.get(traceparent)
+        if state is not None:
+            self._traces.move_to_end(traceparent)
+            return state
+        parent = parent_span(note)
+        if parent is None:
+            return None
+        plan = SpanPlan(budget=budget_of(note),
+                        emit=lambda ev, prefix: self._task_span(parent, ev, prefix),
+                        emit_aggregate=lambda agg: self._aggregate_span(parent, agg))
+        state = self._traces[traceparent] = _Trace(parent, plan)
+        while len(self._traces) > _MAX_OPEN_TRACES:
+            self._traces.popitem(last=False)[1].plan.finish()
+        return state
+
+    def _task_span(self, parent: trace.Span, ev: WorkerEvent, prefix: str) -> None:
+        run = ev.run
+        context = self._emitter.emit(parent=parent, name=prefix, start_ns=ev.start_ns, end_ns=ev.end_ns,
+                                     attributes=self._attributes(ev, prefix), error=ev.error)
+        if run.phases and context is not None:
+            task = trace.NonRecordingSpan(context)
+            for phase in run.phases:
+                attributes: dict[str, Any] = {"dask.task.key": key_text(ev.key), "dask.worker.id": self.address}
+                if phase.source:
+                    attributes["dask.transfer.source"] = phase.source
+                if phase.nbytes is not None:
+                    attributes["dask.transfer.bytes"] = phase.nbytes
+                self._emitter.emit(parent=task, name=phase.action, start_ns=phase.start_ns,
+                                   end_ns=phase.end_ns, attributes=attributes)
+
+    def _aggregate_span(self, parent: trace.Span, agg: Aggregate) -> None:
+        attributes = aggregate_attributes(agg)
+        attributes["dask.worker.id"] = self.address
+        self._emitter.emit(parent=parent, name=agg.prefix, start_ns=agg.start_ns, end_ns=agg.end_ns,
+                           attributes=attributes)
+
+    def _attributes(self, ev: WorkerEvent, prefix: str) -> dict[str, Any]:
+        run = ev.run
+        attributes: dict[str, Any] = {
+            "dask.task.key": key_text(ev.key),
+            "dask.task.prefix": prefix,
+            "dask.worker.id": self.address,
+            "dask.worker.name": self.name,
+            "thread.id": ev.thread,
+            "dask.task.dependency_count": run.dependency_count,
+            "dask.task.dependent_count": run.dependent_count,
+        }
+        if ev.error is None:
+            attributes["dask.task.type"] = ev.type_name
+            if ev.nbytes >= 0:
+                attributes["dask.task.nbytes"] = ev.nbytes
+        else:
+            attributes["error.type"] = ev.error.type_name
+        if run.dependencies:
+            attributes["dask.task.dependencies"] = tuple(sorted(map(key_text, run.dependencies)))
+        functions = function_names(run.run_spec)
+        if functions:
+            attributes["code.function.name"] = functions
+        if run.retries:
+            attributes["dask.task.retries"] = run.retries
+        if ev.attempt > 1:
+            attributes["dask.task.attempt"] = ev.attempt
+        return attributes
+
+    def _attempt(self, key: Any) -> int:
+        attempts = self._attempts
+        if len(attempts) >= _MAX_ATTEMPTS_TRACKED:
+            attempts.clear()  # bounded: a long-lived worker must not remember every key
+        count = attempts.get(key, 0) + 1
+        attempts[key] = count
+        return count
+
+
+class _ProcessTelemetry:
+    """One WorkerTelemetry per worker process, whichever plugin instance asks."""
+
+    lock = threading.Lock()
+    current: WorkerTelemetry | None = None
+
+
+def _start(worker: Any, client_env: dict[str, str]) -> WorkerTelemetry | None:
+    from otel_graph.config import load_settings
+    from otel_graph.instrumentation import ensure_exit_hook, live_providers, providers_for
+
+    with _ProcessTelemetry.lock:
+        if _ProcessTelemetry.current is not None:
+            return _ProcessTelemetry.current
+        if client_env and not any(name.startswith("OTEL_") for name in os.environ):
+            os.environ.update(client_env)
+        settings = load_settings()
+        if settings.sdk_disabled:
+            return None
+        address, name = adapter.worker_identity(worker)
+        providers = live_providers() or providers_for(
+            settings, resource_attributes={"dask.worker.id": address, "dask.worker.name": name})
+        ensure_exit_hook()
+        _ProcessTelemetry.current = WorkerTelemetry(worker, providers=providers, settings=settings)
+        return _ProcessTelemetry.current
+
+
+class WorkerTelemetryPlugin(WorkerPlugin):
+    """Registered on every worker; see the module docs. Never raises into the worker."""
+
+    name = PLUGIN_NAME
+
+    def __init__(self, client_env: dict[str, str] | None = None) -> None:
+        self._client_env = dict(client_env or {})
+        self._telemetry: WorkerTelemetry | None = None
+        self._worker: Any = None
+
+    def __repr__(self) -> str:  # the client's environment may hold exporter credentials
+        return "WorkerTelemetryPlugin()"
+
+    def setup(self, worker: Any) -> None:
+        self._worker = worker
+        try:
+            self._telemetry = _start(worker, self._client_env)
+        except Exception as exc:
+            # A bad configuration here must not take the worker down; say so once, without values.
+            logger.warning("otel_graph: telemetry is off on worker %s: %s", getattr(worker, "address", "?"),
+                           type(exc).__name__ if not isinstance(exc, ValueError) else exc)
+
+    def teardown(self, worker: Any) -> None:
+        telemetry = self._telemetry
+        if telemetry is not None:
+            telemetry.flush(telemetry._settings.exit_timeout_s)
+
+    def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
+        telemetry = self._telemetry
+        if telemetry is not None and start in _RAN and finish in _DONE:
+            telemetry.record(self._worker, key)
+
+
+async def flush_worker(dask_worker: Any = None, timeout_s: float = 30.0) -> bool:
+    """Run on each worker by ``handle.flush()`` (through ``Client.run``)."""
+    import asyncio
+
+    telemetry = _ProcessTelemetry.current
+    if telemetry is None:
+        return True
+    return await asyncio.get_running_loop().run_in_executor(None, telemetry.flush, timeout_s)
+
+
+def close_at_exit() -> None:
+    """At interpreter exit: what the worker recorded becomes telemetry before the SDK delivers."""
+    telemetry = _ProcessTelemetry.current
+    if telemetry is not None:
+        telemetry.close(telemetry._settings.exit_timeout_s)

@@ -1,0 +1,119 @@
+"""A user's dask.distributed script, run as a subprocess by the tests.
+
+Configured the user's way, through OTEL_* variables, plus arguments:
+
+``--workers N``          LocalCluster worker processes (default 2)
+``--client-first``       create the Client before calling instrument_scheduler()
+``--attach``             pass the client: instrument_scheduler(client=client)
+``--scheduler ADDR``     connect to a running scheduler instead of a LocalCluster
+``--workload NAME``      sum (default), fail, transfer, spill, persist, retry
+``--memory-limit TEXT``  per-worker memory limit (for spill)
+``--parent``             run the compute inside a span of the app's own
+``--flush``              call handle.flush() before closing the client, print FLUSHED
+
+It prints RESULT (or FAILED with the exception type), TRACE_ID/PARENT_SPAN_ID under
+``--parent``, and WORKERS (the worker addresses).
+"""
+
+from __future__ import annotations
+
+import argparse
+import operator
+
+import dask
+import numpy as np
+from distributed import Client, LocalCluster, wait
+
+
+def inc(x: int) -> int:
+    return x + 1
+
+
+def boom(x: int) -> int:
+    raise ValueError(f"bad input {x}")
+
+
+def block(i: int, size: int) -> np.ndarray:
+    return np.full(size, i, dtype="u1")
+
+
+def total(*blocks: np.ndarray) -> int:
+    return int(sum(int(b.sum()) for b in blocks))
+
+
+def workload(client: Client, name: str, workers: list[str]) -> object:
+    if name == "sum":
+        graph = {f"inc-{i}": (inc, i) for i in range(20)}
+        graph["total"] = (sum, [f"inc-{i}" for i in range(20)])
+        return client.get(graph, "total")
+    if name == "fail":
+        graph = {"inc-0": (inc, 1), "boom-0": (boom, "inc-0")}
+        return client.get(graph, "boom-0")
+    if name == "transfer":
+        # Each input is pinned to a different worker, so the sum must fetch one of them.
+        a = client.submit(block, 1, 2_000_000, workers=[workers[0]], key="block-a", pure=False)
+        b = client.submit(block, 2, 2_000_000, workers=[workers[1]], key="block-b", pure=False)
+        wait([a, b])
+        graph = {"total-ab": (total, "block-a", "block-b")}
+        return client.get(graph, "total-ab", workers=[workers[1]])
+    if name == "spill":
+        # 30 blocks of 4 MB on workers limited to 80 MB: the SpillBuffer writes some to disk.
+        blocks = [dask.delayed(block)(i, 4_000_000, dask_key_name=f"big-{i}") for i in range(30)]
+        return dask.delayed(total)(*blocks, dask_key_name="total-big").compute()
+    if name == "persist":
+        x = dask.delayed(operator.add)(1, 2, dask_key_name="add-1")
+        (persisted,) = client.persist([x])
+        return persisted.compute()
+    raise SystemExit(f"unknown workload {name}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--client-first", action="store_true")
+    parser.add_argument("--attach", action="store_true")
+    parser.add_argument("--scheduler")
+    parser.add_argument("--workload", default="sum")
+    parser.add_argument("--memory-limit", default="auto")
+    parser.add_argument("--parent", action="store_true")
+    parser.add_argument("--flush", action="store_true")
+    args = parser.parse_args()
+
+    import otel_graph
+
+    cluster = None
+    if args.scheduler is None:
+        cluster = LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True,
+                               memory_limit=args.memory_limit, dashboard_address=None)
+    address = args.scheduler or cluster.scheduler_address
+    if args.client_first:
+        client = Client(address)
+        handle = otel_graph.instrument_scheduler(client=client if args.attach else None)
+    else:
+        handle = otel_graph.instrument_scheduler()
+        client = Client(address)
+    workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    print("WORKERS", " ".join(workers), flush=True)
+    try:
+        if args.parent:
+            from opentelemetry import trace
+
+            with trace.get_tracer("app").start_as_current_span("etl") as span:
+                context = span.get_span_context()
+                print("TRACE_ID", f"{context.trace_id:032x}", flush=True)
+                print("PARENT_SPAN_ID", f"{context.span_id:016x}", flush=True)
+                result = workload(client, args.workload, workers)
+        else:
+            result = workload(client, args.workload, workers)
+        print("RESULT", result, flush=True)
+    except Exception as exc:
+        print("FAILED", type(exc).__name__, exc, flush=True)
+    if args.flush:
+        print("FLUSHED", handle.flush(timeout_s=30), flush=True)
+    client.close()
+    if cluster is not None:
+        cluster.close()
+
+
+if __name__ == "__main__":
+    main()
