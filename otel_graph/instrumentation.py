@@ -199,8 +199,6 @@ class Instrumentation:
 
             self._cluster = ClusterCapture(self._tracker, settings)
             self._cluster.install()
-            if client is not None:
-                self._cluster.attach(client)
         elif client is not None:
             raise ConfigurationError("instrument_scheduler(client=...) needs dask.distributed installed")
         self._live = True
@@ -317,8 +315,11 @@ def live_providers() -> Providers | None:
     return getattr(handle, "providers", None)
 
 
+_EXIT_HOOK_LOCK = threading.Lock()
+
+
 def ensure_exit_hook() -> None:
-    with _Process.lock:
+    with _EXIT_HOOK_LOCK:  # not _Process.lock: an event loop thread may call this while it is held
         if not _Process.exit_hook:
             _Process.exit_hook = True
             atexit.register(_exit)
@@ -328,21 +329,22 @@ def instrument_scheduler(*, tracer_provider: Any = None, meter_provider: Any = N
                          **options: Any) -> Instrumentation:
     """Trace and meter every task of Dask's schedulers from now on; see :mod:`otel_graph`."""
     with _Process.lock:
-        if _Process.live is not None:
-            cluster = getattr(_Process.live, "_cluster", None)
-            if client is not None and cluster is not None:
-                cluster.attach(client)
-            return _Process.live
-        settings = load_settings(**options)
-        handle: Any
-        if settings.sdk_disabled and tracer_provider is None and meter_provider is None:
-            handle = _Disabled()
-        else:
-            handle = Instrumentation(settings, tracer_provider=tracer_provider, meter_provider=meter_provider,
-                                     client=client)
-        _Process.live = handle
+        handle: Any = _Process.live
+        if handle is None:
+            settings = load_settings(**options)
+            if settings.sdk_disabled and tracer_provider is None and meter_provider is None:
+                handle = _Disabled()
+            else:
+                handle = Instrumentation(settings, tracer_provider=tracer_provider,
+                                         meter_provider=meter_provider, client=client)
+            _Process.live = handle
         ensure_exit_hook()
-        return handle
+    # Outside the lock: registering plugins waits on the cluster, and an in-process
+    # scheduler's plugin looks up the live handle from the event loop's thread.
+    cluster = getattr(handle, "_cluster", None)
+    if client is not None and cluster is not None:
+        cluster.attach(client)
+    return handle
 
 
 def _exit() -> None:

@@ -34,7 +34,7 @@ from itertools import islice
 from collections.abc import Mapping
 from typing import Any
 
-from dask._task_spec import NestedContainer, Task, _execute_subgraph
+from dask._task_spec import NestedContainer, Task, _execute_subgraph, _identity_cast
 from dask.utils import funcname
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
@@ -95,7 +95,8 @@ class _FunctionNames:
             if value.kwargs:
                 for arg in value.kwargs.values():
                     self._visit(arg, names, depth + 1)
-            if not isinstance(value, NestedContainer):
+            # Containers (a List node, or the plain Task that builds one) are structure, not code.
+            if not isinstance(value, NestedContainer) and value.func is not _identity_cast:
                 try:
                     names.append(self._name(value.func))
                 except Exception:

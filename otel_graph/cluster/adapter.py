@@ -116,6 +116,15 @@ def _type_name(kind: Any) -> str:
 
 def _error(ts: Any) -> ErrorInfo:
     exception = getattr(ts.exception, "data", ts.exception)
+    if isinstance(exception, (bytes, bytearray, memoryview)):
+        # The worker keeps the exception pickled (distributed.core.error_message); it made
+        # these bytes itself from the task's own exception and checked that they load.
+        try:
+            import pickle
+
+            exception = pickle.loads(exception)
+        except Exception:
+            exception = None
     if isinstance(exception, BaseException):
         kind = type(exception)
         module = kind.__module__
@@ -140,6 +149,20 @@ def _transfer_bytes(worker: Any, entry: dict) -> int | None:
         if record.get("start") == entry["start"] and record.get("who") == entry.get("source"):
             return int(record.get("total", 0))
     return None
+
+
+def spill_totals(worker: Any) -> dict[tuple[str, str], float]:
+    """Spilling since the worker started: {(disk-write|disk-read, bytes|count|seconds): total}.
+
+    From ``worker.digests_total``, whose keys end in ``(..., activity, unit)``; summed
+    over what caused it (executing a task, gathering dependencies, ...).
+    """
+    totals: dict[tuple[str, str], float] = {}
+    for key, value in dict(worker.digests_total).items():
+        if isinstance(key, tuple) and len(key) >= 2 and key[-2] in ("disk-write", "disk-read"):
+            pair = (key[-2], key[-1])
+            totals[pair] = totals.get(pair, 0.0) + float(value)
+    return totals
 
 
 def current_task_annotation(*, annotation_name: str) -> Any:

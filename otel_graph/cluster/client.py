@@ -88,7 +88,7 @@ class ClusterCapture:
                 return
             self._attached.add(client)
         try:
-            client.register_plugin(SchedulerTelemetryPlugin(), name=PLUGIN_NAME)
+            client.register_plugin(SchedulerTelemetryPlugin(_client_env()), name=PLUGIN_NAME)
         except Exception as exc:
             self.attach_errors += 1
             logger.warning("otel_graph: no scheduler plugin on %s (is otel_graph installed there?): %s",

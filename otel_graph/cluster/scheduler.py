@@ -113,9 +113,18 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
 
     name = PLUGIN_NAME
 
-    def start(self, scheduler: Any) -> None:
+    def __init__(self, client_env: dict[str, str] | None = None) -> None:
+        self._client_env = dict(client_env or {})
+
+    def __repr__(self) -> str:  # the client's environment may hold exporter credentials
+        return "SchedulerTelemetryPlugin()"
+
+    async def start(self, scheduler: Any) -> None:  # the scheduler gathers its plugins' starts: async only
         self._scheduler = scheduler
         try:
+            from otel_graph.cluster.worker import adopt_client_env
+
+            adopt_client_env(self._client_env)
             from otel_graph.config import load_settings
             from otel_graph.instrumentation import SCOPE, ensure_exit_hook, live_providers, providers_for
 

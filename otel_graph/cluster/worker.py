@@ -15,9 +15,13 @@ span whose context came with the task's annotation (:mod:`.propagation`). It car
 the core task attributes, with ``dask.worker.id`` the worker's address, plus
 ``dask.worker.name``. ``transfer`` (inputs gathered from other workers, with
 ``dask.transfer.source`` and ``dask.transfer.bytes``), ``disk-read`` and ``disk-write``
-(spilling) become child spans. A task that allows retries carries
+(spilling, where distributed timed it above 5 ms) become child spans. A task that allows retries carries
 ``dask.task.retries``; a key run more than once on this worker carries
 ``dask.task.attempt``.
+
+Spilling is also counted in full, from the worker's own totals, as
+``dask.worker.spill.io`` (By), ``.operations`` and ``.time`` (s), by
+``dask.spill.direction`` (write, read).
 
 Each worker applies its share of the compute's span budget, and since it cannot know
 when a compute ends, it settles a compute (kept slow tasks, one aggregate per prefix)
@@ -35,11 +39,13 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from typing import Any, NamedTuple
 
 from distributed.diagnostics.plugin import WorkerPlugin
 from opentelemetry import trace
+from opentelemetry.metrics import Observation
 
 from otel_graph.cluster import adapter
 from otel_graph.cluster.propagation import ANNOTATION, budget_of, parent_span
@@ -263,6 +269,7 @@ class _ProcessTelemetry:
 
     lock = threading.Lock()
     current: WorkerTelemetry | None = None
+    worker: weakref.ref | None = None
 
 
 def _start(worker: Any, client_env: dict[str, str]) -> WorkerTelemetry | None:
@@ -272,8 +279,7 @@ def _start(worker: Any, client_env: dict[str, str]) -> WorkerTelemetry | None:
     with _ProcessTelemetry.lock:
         if _ProcessTelemetry.current is not None:
             return _ProcessTelemetry.current
-        if client_env and not any(name.startswith("OTEL_") for name in os.environ):
-            os.environ.update(client_env)
+        adopt_client_env(client_env)
         settings = load_settings()
         if settings.sdk_disabled:
             return None
@@ -282,7 +288,57 @@ def _start(worker: Any, client_env: dict[str, str]) -> WorkerTelemetry | None:
             settings, resource_attributes={"dask.worker.id": address, "dask.worker.name": name})
         ensure_exit_hook()
         _ProcessTelemetry.current = WorkerTelemetry(worker, providers=providers, settings=settings)
+        _ProcessTelemetry.worker = weakref.ref(worker)
+        _observe_spill(providers.meter_provider)
         return _ProcessTelemetry.current
+
+
+def _observe_spill(meter_provider: Any) -> None:
+    """Spill counters from the worker's own totals, read at collection: complete, with bytes.
+
+    Per-task ``disk-read``/``disk-write`` spans only exist where distributed timed one
+    above 5 ms; these counters count every spill.
+    """
+    from otel_graph.instrumentation import SCOPE
+
+    if meter_provider in _SPILL_OBSERVED:
+        return
+    _SPILL_OBSERVED.add(meter_provider)
+    meter = meter_provider.get_meter(SCOPE.name, SCOPE.version)
+
+    def reading(unit: str) -> Any:
+        def callback(options: Any) -> list[Observation]:
+            ref = _ProcessTelemetry.worker
+            worker = ref() if ref is not None else None
+            if worker is None:
+                return []
+            try:
+                totals = adapter.spill_totals(worker)
+            except Exception:
+                return []
+            address, name = adapter.worker_identity(worker)
+            return [Observation(totals.get((activity, unit), 0.0),
+                                {"dask.worker.id": address, "dask.worker.name": name,
+                                 "dask.spill.direction": "write" if activity == "disk-write" else "read"})
+                    for activity in ("disk-write", "disk-read")]
+
+        return callback
+
+    meter.create_observable_counter("dask.worker.spill.io", [reading("bytes")], unit="By",
+                                    description="Bytes this worker wrote to or read from its spill disk.")
+    meter.create_observable_counter("dask.worker.spill.operations", [reading("count")], unit="{operation}",
+                                    description="Keys this worker spilled to or read back from disk.")
+    meter.create_observable_counter("dask.worker.spill.time", [reading("seconds")], unit="s",
+                                    description="Time this worker spent spilling and unspilling.")
+
+
+_SPILL_OBSERVED: weakref.WeakSet = weakref.WeakSet()
+
+
+def adopt_client_env(client_env: dict[str, str]) -> None:
+    """Take the client's ``OTEL_*`` variables when this process has none of its own."""
+    if client_env and not any(name.startswith("OTEL_") for name in os.environ):
+        os.environ.update(client_env)
 
 
 class WorkerTelemetryPlugin(WorkerPlugin):

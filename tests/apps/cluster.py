@@ -6,10 +6,11 @@ Configured the user's way, through OTEL_* variables, plus arguments:
 ``--client-first``       create the Client before calling instrument_scheduler()
 ``--attach``             pass the client: instrument_scheduler(client=client)
 ``--scheduler ADDR``     connect to a running scheduler instead of a LocalCluster
-``--workload NAME``      sum (default), fail, transfer, spill, persist, retry
+``--workload NAME``      sum (default), fail, transfer, spill, persist, kill, many
 ``--memory-limit TEXT``  per-worker memory limit (for spill)
 ``--parent``             run the compute inside a span of the app's own
 ``--flush``              call handle.flush() before closing the client, print FLUSHED
+``--wait-workers N``     wait for N workers first (with --scheduler)
 
 It prints RESULT (or FAILED with the exception type), TRACE_ID/PARENT_SPAN_ID under
 ``--parent``, and WORKERS (the worker addresses).
@@ -33,6 +34,12 @@ def boom(x: int) -> int:
     raise ValueError(f"bad input {x}")
 
 
+def die(x: int) -> int:
+    import os
+
+    os._exit(3)
+
+
 def block(i: int, size: int) -> np.ndarray:
     return np.full(size, i, dtype="u1")
 
@@ -54,12 +61,19 @@ def workload(client: Client, name: str, workers: list[str]) -> object:
         a = client.submit(block, 1, 2_000_000, workers=[workers[0]], key="block-a", pure=False)
         b = client.submit(block, 2, 2_000_000, workers=[workers[1]], key="block-b", pure=False)
         wait([a, b])
-        graph = {"total-ab": (total, "block-a", "block-b")}
-        return client.get(graph, "total-ab", workers=[workers[1]])
+        summed = dask.delayed(total)(a, b, dask_key_name="total-ab")
+        return client.compute(summed, workers=[workers[1]]).result()
     if name == "spill":
-        # 30 blocks of 4 MB on workers limited to 80 MB: the SpillBuffer writes some to disk.
-        blocks = [dask.delayed(block)(i, 4_000_000, dask_key_name=f"big-{i}") for i in range(30)]
+        # 20 blocks of 4 MB with spilling above 5% of a 1 GB limit (see main): most go to disk.
+        blocks = [dask.delayed(block)(i, 4_000_000, dask_key_name=f"big-{i}") for i in range(20)]
         return dask.delayed(total)(*blocks, dask_key_name="total-big").compute()
+    if name == "kill":
+        # The task kills its worker process; with no allowed failures the scheduler gives up.
+        graph = {"inc-0": (inc, 1), "die-0": (die, "inc-0")}
+        return client.get(graph, "die-0")
+    if name == "many":
+        graph = {f"inc-{i}": (inc, i) for i in range(200)}
+        return sum(client.get(graph, list(graph)))
     if name == "persist":
         x = dask.delayed(operator.add)(1, 2, dask_key_name="add-1")
         (persisted,) = client.persist([x])
@@ -77,10 +91,17 @@ def main() -> None:
     parser.add_argument("--memory-limit", default="auto")
     parser.add_argument("--parent", action="store_true")
     parser.add_argument("--flush", action="store_true")
+    parser.add_argument("--wait-workers", type=int, default=0)
     args = parser.parse_args()
 
     import otel_graph
 
+    if args.workload == "spill":
+        # Spill by managed memory only, and never pause or kill: the point is the disk traffic.
+        dask.config.set({"distributed.worker.memory.target": 0.05, "distributed.worker.memory.spill": False,
+                         "distributed.worker.memory.pause": False, "distributed.worker.memory.terminate": False})
+    if args.workload == "kill":
+        dask.config.set({"distributed.scheduler.allowed-failures": 0})
     cluster = None
     if args.scheduler is None:
         cluster = LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True,
@@ -92,6 +113,8 @@ def main() -> None:
     else:
         handle = otel_graph.instrument_scheduler()
         client = Client(address)
+    if args.wait_workers:
+        client.wait_for_workers(args.wait_workers, timeout=60)
     workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
     print("WORKERS", " ".join(workers), flush=True)
     try:

@@ -1,0 +1,330 @@
+"""dask.distributed end to end: a real LocalCluster with worker processes, exporting to a real OTLP receiver.
+
+Each test runs ``tests/apps/cluster.py`` in a fresh interpreter configured by OTEL_*
+variables, as a user would. The client process exports the ``dask.compute`` span and
+the scheduler gauges (a LocalCluster's scheduler lives in the client's process); every
+worker process exports its own task spans, task metrics and readings.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import subprocess_env
+from otlp_receiver import OtlpReceiver
+
+pytest.importorskip("distributed")
+
+APP = Path(__file__).parent / "apps" / "cluster.py"
+ERROR = 2  # OTLP StatusCode.STATUS_CODE_ERROR
+
+
+@pytest.fixture
+def receiver():
+    with OtlpReceiver() as running:
+        yield running
+
+
+def env_for(receiver: OtlpReceiver, **extra: str) -> dict[str, str]:
+    settings = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.grpc_endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+                "OTEL_SERVICE_NAME": "cluster-test", **extra}
+    return subprocess_env(**settings)
+
+
+class App:
+    def __init__(self, proc: subprocess.CompletedProcess[str]) -> None:
+        self.stdout, self.stderr, self.returncode = proc.stdout, proc.stderr, proc.returncode
+
+    def value(self, label: str) -> str:
+        for line in self.stdout.splitlines():
+            if line.startswith(label + " "):
+                return line[len(label) + 1:]
+        raise AssertionError(f"{label} not printed; stdout={self.stdout!r} stderr={self.stderr[-4000:]!r}")
+
+
+def run_app(*args: str, env: dict[str, str], timeout_s: float = 120) -> App:
+    proc = subprocess.run([sys.executable, str(APP), *args], env=env, capture_output=True, text=True,
+                          timeout=timeout_s)
+    app = App(proc)
+    assert app.returncode == 0, app.stderr[-4000:]
+    return app
+
+
+def trace_of(receiver: OtlpReceiver, *, expect_tasks: int) -> tuple[dict, list[dict]]:
+    """The one compute span and the spans of its trace, once ``expect_tasks`` task spans are in."""
+
+    def complete(r: OtlpReceiver) -> bool:
+        roots = [s for s in r.spans() if s["name"] == "dask.compute"]
+        return bool(roots) and sum(1 for s in r.spans() if s["trace_id"] == roots[-1]["trace_id"]
+                                   and "dask.task.key" in s["attributes"]
+                                   and s["parent_span_id"] == roots[-1]["span_id"]) >= expect_tasks
+
+    assert receiver.wait_for(complete, timeout_s=30), [s["name"] for s in receiver.spans()]
+    roots = [s for s in receiver.spans() if s["name"] == "dask.compute"]
+    root = roots[-1]
+    return root, [s for s in receiver.spans() if s["trace_id"] == root["trace_id"] and s is not root]
+
+
+def task_spans(spans: list[dict], root: dict) -> list[dict]:
+    return [s for s in spans if s["parent_span_id"] == root["span_id"]]
+
+
+@pytest.mark.parametrize("order", ["instrument-first", "client-first", "attach"])
+def test_every_task_on_every_worker_joins_one_trace(receiver, order):
+    args = {"instrument-first": [], "client-first": ["--client-first"],
+            "attach": ["--client-first", "--attach"]}[order]
+    app = run_app("--parent", "--flush", *args, env=env_for(receiver))
+    assert app.value("RESULT") == str(sum(range(1, 21)))
+    assert app.value("FLUSHED") == "True"
+    workers = app.value("WORKERS").split()
+    root, spans = trace_of(receiver, expect_tasks=21)
+
+    # The compute span is the caller's child, in the caller's trace.
+    assert root["trace_id"] == app.value("TRACE_ID")
+    assert root["parent_span_id"] == app.value("PARENT_SPAN_ID")
+    assert root["attributes"]["dask.scheduler"] == "distributed"
+    assert root["attributes"]["dask.graph.tasks"] == 21
+    assert root["status_code"] != ERROR
+
+    tasks = task_spans(spans, root)
+    assert sorted(s["attributes"]["dask.task.key"] for s in tasks) == sorted(
+        [f"inc-{i}" for i in range(20)] + ["total"])
+    # Both workers ran tasks, each exporting from its own process.
+    assert {s["attributes"]["dask.worker.id"] for s in tasks} == set(workers)
+    for span in tasks:
+        attributes = span["attributes"]
+        assert span["name"] == attributes["dask.task.prefix"]
+        assert span["resource"]["dask.worker.id"] == attributes["dask.worker.id"]
+        assert attributes["dask.worker.name"] in ("0", "1")
+        assert attributes["thread.id"] > 0
+        assert root["start_ns"] <= span["start_ns"] <= span["end_ns"] <= root["end_ns"]
+    instances = {s["resource"]["service.instance.id"] for s in tasks}
+    assert len(instances) == 2 and root["resource"]["service.instance.id"] not in instances
+    (total,) = [s for s in tasks if s["attributes"]["dask.task.key"] == "total"]
+    assert total["attributes"]["dask.task.dependency_count"] == 20
+    assert total["attributes"]["dask.task.type"] == "int"
+    assert total["attributes"]["code.function.name"] == "sum"
+
+
+def test_task_metrics_and_readings_come_from_every_worker(receiver):
+    app = run_app("--flush", env=env_for(receiver))
+    workers = set(app.value("WORKERS").split())
+    trace_of(receiver, expect_tasks=21)
+
+    def points(name: str) -> list[dict]:
+        return [p for p in receiver.metrics() if p["name"] == name]
+
+    def all_in(r: OtlpReceiver) -> bool:
+        durations = [p for p in r.metrics() if p["name"] == "dask.task.duration"
+                     and p["attributes"].get("dask.scheduler") == "distributed"]
+        per_worker = {}
+        for point in durations:
+            key = (point["resource"]["dask.worker.id"], point["attributes"]["dask.task.prefix"])
+            per_worker[key] = max(per_worker.get(key, 0), point["count"])
+        return sum(per_worker.values()) == 21
+
+    assert receiver.wait_for(all_in, timeout_s=30)
+    readers = {p["resource"].get("dask.worker.id") for p in points("process.cpu.utilization")}
+    assert workers <= readers
+    assert {p["attributes"]["dask.task.state"] for p in points("dask.scheduler.tasks")} >= {"memory"}
+    assert max(p["value"] for p in points("dask.scheduler.workers")) == 2
+    states = {(p["attributes"]["dask.worker.id"], p["attributes"]["dask.memory.state"])
+              for p in points("dask.worker.memory.usage")}
+    assert {(w, s) for w in workers for s in ("managed", "unmanaged", "spilled")} <= states
+    assert {p["attributes"]["dask.worker.id"] for p in points("dask.worker.memory.limit")} == workers
+
+
+def test_failed_task_carries_the_workers_exception(receiver):
+    app = run_app("--workload", "fail", "--flush", env=env_for(receiver))
+    assert app.value("FAILED").startswith("ValueError bad input 2")
+    root, spans = trace_of(receiver, expect_tasks=2)
+    (boom,) = [s for s in task_spans(spans, root) if s["name"] == "boom"]
+    assert boom["status_code"] == ERROR
+    assert boom["attributes"]["error.type"] == "ValueError"
+    (event,) = [e for e in boom["events"] if e["name"] == "exception"]
+    assert event["attributes"]["exception.type"] == "ValueError"
+    assert event["attributes"]["exception.message"] == "bad input 2"
+    assert 'raise ValueError(f"bad input {x}")' in event["attributes"]["exception.stacktrace"]
+    assert root["status_code"] == ERROR and root["attributes"]["error.type"] == "ValueError"
+
+
+def test_transfer_between_workers_is_a_phase_with_source_and_bytes(receiver):
+    app = run_app("--workload", "transfer", "--flush", env=env_for(receiver))
+    assert app.value("RESULT") == str(2_000_000 * 3)
+    workers = app.value("WORKERS").split()
+    root, spans = trace_of(receiver, expect_tasks=1)
+    (summed,) = [s for s in task_spans(spans, root) if s["attributes"]["dask.task.key"] == "total-ab"]
+    assert summed["attributes"]["dask.worker.id"] == workers[1]
+    (transfer,) = [s for s in spans if s["name"] == "transfer" and s["parent_span_id"] == summed["span_id"]]
+    assert transfer["attributes"]["dask.transfer.source"] == workers[0]
+    assert transfer["attributes"]["dask.transfer.bytes"] == 2_000_000
+    assert transfer["end_ns"] <= summed["start_ns"] + 50_000_000
+
+
+def test_spilling_is_counted_in_full_and_shows_on_tasks(receiver):
+    app = run_app("--workload", "spill", "--memory-limit", "1GB", "--flush", env=env_for(receiver))
+    assert app.value("RESULT") == str(4_000_000 * sum(range(20)))
+    root, spans = trace_of(receiver, expect_tasks=21)
+
+    def spilled(r: OtlpReceiver, direction: str) -> float:
+        latest: dict[str, float] = {}
+        for point in r.metrics():
+            if point["name"] == "dask.worker.spill.io" and point["attributes"]["dask.spill.direction"] == direction:
+                worker = point["attributes"]["dask.worker.id"]
+                latest[worker] = max(latest.get(worker, 0.0), point["value"])
+        return sum(latest.values())
+
+    # Most of the 20 blocks of 4 MB went to disk, and the final sum read them back.
+    assert receiver.wait_for(lambda r: spilled(r, "write") >= 40e6 and spilled(r, "read") >= 40e6, timeout_s=30)
+    by_id = {s["span_id"]: s for s in spans}
+    # Per task, distributed times a spill only above 5 ms: reading back 40+ MB for the sum is.
+    assert any(s["name"] == "disk-read" for s in spans), sorted({s["name"] for s in spans})
+    for span in spans:
+        if span["name"] in ("disk-write", "disk-read"):
+            task = by_id[span["parent_span_id"]]
+            assert task["parent_span_id"] == root["span_id"]
+            assert span["attributes"]["dask.task.key"] == task["attributes"]["dask.task.key"]
+
+
+def test_persist_is_one_trace_ended_when_its_futures_finish(receiver):
+    app = run_app("--workload", "persist", "--flush", env=env_for(receiver))
+    assert app.value("RESULT") == "3"
+
+    def persisted(r: OtlpReceiver) -> bool:
+        return any(s["name"] == "add" for s in r.spans())
+
+    assert receiver.wait_for(persisted, timeout_s=30)
+    (add,) = [s for s in receiver.spans() if s["name"] == "add"]
+    (root,) = [s for s in receiver.spans() if s["span_id"] == add["parent_span_id"]]
+    assert root["name"] == "dask.compute" and root["attributes"]["dask.graph.tasks"] == 1
+    assert root["end_ns"] >= add["end_ns"]
+
+
+def test_a_killed_worker_appears_in_the_trace(receiver):
+    app = run_app("--workload", "kill", "--flush", env=env_for(receiver))
+    assert app.value("FAILED").startswith("KilledWorker")
+
+    def ended(r: OtlpReceiver) -> bool:
+        return any(s["name"] == "dask.compute" for s in r.spans())
+
+    assert receiver.wait_for(ended, timeout_s=30)
+    (root,) = [s for s in receiver.spans() if s["name"] == "dask.compute"]
+    assert root["status_code"] == ERROR
+    assert root["attributes"]["error.type"] == "distributed.scheduler.KilledWorker"
+    lost = [e for e in root["events"] if e["name"] == "dask.worker.lost"]
+    assert lost and lost[0]["attributes"]["dask.worker.id"] in app.value("WORKERS").split()
+
+
+def test_span_budget_is_shared_between_workers_and_every_task_is_counted(receiver):
+    run_app("--workload", "many", "--flush", env=env_for(receiver, OTEL_GRAPH_MAX_TASK_SPANS="40"))
+
+    def counted(r: OtlpReceiver) -> bool:
+        roots = [s for s in r.spans() if s["name"] == "dask.compute"]
+        if not roots:
+            return False
+        children = [s for s in r.spans() if s["parent_span_id"] == roots[0]["span_id"]]
+        return sum(s["attributes"].get("dask.task.count", 1) for s in children) >= 200
+
+    assert receiver.wait_for(counted, timeout_s=30)
+    (root,) = [s for s in receiver.spans() if s["name"] == "dask.compute"]
+    children = [s for s in receiver.spans() if s["parent_span_id"] == root["span_id"]]
+    assert sum(s["attributes"].get("dask.task.count", 1) for s in children) == root["attributes"]["dask.graph.tasks"] == 200
+    plain = [s for s in children if "dask.task.count" not in s["attributes"]]
+    assert 0 < len(plain) <= 40
+
+
+# -- clusters started outside Python ------------------------------------------------------------
+def _without_otel(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if not k.startswith("OTEL_")}
+
+
+def _wait_for_address(path: Path, proc: subprocess.Popen, timeout_s: float = 60) -> str:
+    import json
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"scheduler exited with {proc.returncode}")
+        try:
+            return json.loads(path.read_text())["address"]
+        except (FileNotFoundError, ValueError, KeyError):
+            time.sleep(0.05)  # the CLI's only readiness signal is this file appearing
+    raise AssertionError("scheduler did not start")
+
+
+@pytest.fixture
+def external_cluster(tmp_path):
+    """Start ``dask scheduler`` and two ``dask worker`` processes; yields a starter."""
+    procs: list[subprocess.Popen] = []
+    logs = tmp_path / "logs"
+    logs.mkdir()
+
+    def start(*, scheduler_env: dict[str, str], worker_env: dict[str, str], preload: bool = False) -> str:
+        scheduler_file = tmp_path / "scheduler.json"
+        with open(logs / "scheduler.log", "w") as log:
+            scheduler = subprocess.Popen(
+                [sys.executable, "-m", "distributed.cli.dask_scheduler", "--scheduler-file", str(scheduler_file),
+                 "--host", "127.0.0.1", "--port", "0", "--dashboard-address", ":0",
+                 *(["--preload", "otel_graph"] if preload else [])],
+                env=scheduler_env, stdout=log, stderr=subprocess.STDOUT)
+        procs.append(scheduler)
+        address = _wait_for_address(scheduler_file, scheduler)
+        for i in range(2):
+            with open(logs / f"worker-{i}.log", "w") as log:
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
+                     "--name", f"w{i}", "--no-dashboard", "--memory-limit", "1GB",
+                     *(["--preload", "otel_graph"] if preload else [])],
+                    env=worker_env, stdout=log, stderr=subprocess.STDOUT))
+        return address
+
+    start.logs = logs  # type: ignore[attr-defined]
+    yield start
+    for proc in reversed(procs):
+        proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def test_workers_without_otel_settings_use_the_clients_and_never_log_credentials(receiver, external_cluster):
+    client_env = env_for(receiver, OTEL_EXPORTER_OTLP_HEADERS="authorization=Bearer%20s3cret-token")
+    bare = _without_otel(client_env)
+    address = external_cluster(scheduler_env=bare, worker_env=bare)
+    app = run_app("--scheduler", address, "--wait-workers", "2", "--flush", env=client_env)
+    assert app.value("RESULT") == str(sum(range(1, 21)))
+    root, spans = trace_of(receiver, expect_tasks=21)
+    tasks = task_spans(spans, root)
+    assert {s["attributes"]["dask.worker.name"] for s in tasks} == {"w0", "w1"}
+    assert {s["resource"]["service.name"] for s in tasks} == {"cluster-test"}
+    # The workers' exports carried the client's header, and nothing printed it.
+    worker_instances = {s["resource"]["service.instance.id"] for s in tasks}
+    assert len(worker_instances) == 2
+    assert all(h.get("authorization") == "Bearer s3cret-token" for h in receiver.headers)
+    for log in external_cluster.logs.iterdir():
+        assert "s3cret" not in log.read_text(), log.name
+    assert "s3cret" not in app.stdout + app.stderr
+
+
+def test_preloaded_cluster_exports_with_its_own_settings(receiver, external_cluster):
+    own = env_for(receiver, OTEL_SERVICE_NAME="hpc-workers")
+    address = external_cluster(scheduler_env=own, worker_env=own, preload=True)
+    app = run_app("--scheduler", address, "--wait-workers", "2", "--flush", env=env_for(receiver))
+    assert app.value("RESULT") == str(sum(range(1, 21)))
+    root, spans = trace_of(receiver, expect_tasks=21)
+    assert root["resource"]["service.name"] == "cluster-test"
+    assert {s["resource"]["service.name"] for s in task_spans(spans, root)} == {"hpc-workers"}
+
+    def gauged(r: OtlpReceiver) -> bool:
+        return any(p["name"] == "dask.scheduler.workers" and p["resource"].get("service.name") == "hpc-workers"
+                   for p in r.metrics())
+
+    assert receiver.wait_for(gauged, timeout_s=30), "the preloaded scheduler publishes its gauges"
