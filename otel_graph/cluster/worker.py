@@ -88,7 +88,7 @@ class _Trace:
 
 
 class WorkerTelemetry:
-    """Per worker process: records runs from the event loop, builds telemetry on a thread."""
+    """Per worker: records runs from the event loop, builds telemetry on a thread."""
 
     def __init__(self, worker: Any, *, providers: Any, settings: Any) -> None:
         self.address, self.name = adapter.worker_identity(worker)
@@ -122,7 +122,7 @@ class WorkerTelemetry:
                                          run.nbytes, run.type_name, run.error, run, self._attempt(key)))
 
     # -- flush and close ------------------------------------------------------------------
-    def flush(self, timeout_s: float) -> bool:
+    def flush(self, timeout_s: float, *, export: bool = True) -> bool:
         """Turn everything recorded into telemetry, settle every compute, export; True if all went."""
         deadline = time.monotonic() + timeout_s
         with self._wake:
@@ -135,12 +135,12 @@ class WorkerTelemetry:
                     return False
                 self._wake.wait(min(left, 0.5))
         owned = self._providers.owned
-        if owned is None:
+        if owned is None or not export:
             return True
         return owned.flush(max(0.1, deadline - time.monotonic()))
 
-    def close(self, timeout_s: float) -> None:
-        self.flush(timeout_s)
+    def close(self, timeout_s: float, *, export: bool = True) -> None:
+        self.flush(timeout_s, export=export)
         with self._wake:
             self._stopping = True
             self._wake.notify_all()
@@ -265,11 +265,10 @@ class WorkerTelemetry:
 
 
 class _ProcessTelemetry:
-    """One WorkerTelemetry per worker process, whichever plugin instance asks."""
+    """The WorkerTelemetry of each worker in this process (several, for an in-process cluster)."""
 
     lock = threading.Lock()
-    current: WorkerTelemetry | None = None
-    worker: weakref.ref | None = None
+    by_worker: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _start(worker: Any, client_env: dict[str, str]) -> WorkerTelemetry | None:
@@ -277,8 +276,9 @@ def _start(worker: Any, client_env: dict[str, str]) -> WorkerTelemetry | None:
     from otel_graph.instrumentation import ensure_exit_hook, live_providers, providers_for
 
     with _ProcessTelemetry.lock:
-        if _ProcessTelemetry.current is not None:
-            return _ProcessTelemetry.current
+        current = _ProcessTelemetry.by_worker.get(worker)
+        if current is not None:
+            return current
         adopt_client_env(client_env)
         settings = load_settings()
         if settings.sdk_disabled:
@@ -287,10 +287,17 @@ def _start(worker: Any, client_env: dict[str, str]) -> WorkerTelemetry | None:
         providers = live_providers() or providers_for(
             settings, resource_attributes={"dask.worker.id": address, "dask.worker.name": name})
         ensure_exit_hook()
-        _ProcessTelemetry.current = WorkerTelemetry(worker, providers=providers, settings=settings)
-        _ProcessTelemetry.worker = weakref.ref(worker)
+        telemetry = _ProcessTelemetry.by_worker[worker] = WorkerTelemetry(worker, providers=providers,
+                                                                          settings=settings)
         _observe_spill(providers.meter_provider)
-        return _ProcessTelemetry.current
+        return telemetry
+
+
+def _stop(worker: Any, *, export: bool = True) -> None:
+    with _ProcessTelemetry.lock:
+        telemetry = _ProcessTelemetry.by_worker.pop(worker, None)
+    if telemetry is not None:
+        telemetry.close(telemetry._settings.exit_timeout_s, export=export)
 
 
 def _observe_spill(meter_provider: Any) -> None:
@@ -308,19 +315,18 @@ def _observe_spill(meter_provider: Any) -> None:
 
     def reading(unit: str) -> Any:
         def callback(options: Any) -> list[Observation]:
-            ref = _ProcessTelemetry.worker
-            worker = ref() if ref is not None else None
-            if worker is None:
-                return []
-            try:
-                totals = adapter.spill_totals(worker)
-            except Exception:
-                return []
-            address, name = adapter.worker_identity(worker)
-            return [Observation(totals.get((activity, unit), 0.0),
-                                {"dask.worker.id": address, "dask.worker.name": name,
-                                 "dask.spill.direction": "write" if activity == "disk-write" else "read"})
-                    for activity in ("disk-write", "disk-read")]
+            points = []
+            for worker in list(_ProcessTelemetry.by_worker.keys()):
+                try:
+                    totals = adapter.spill_totals(worker)
+                except Exception:
+                    continue
+                address, name = adapter.worker_identity(worker)
+                points += [Observation(totals.get((activity, unit), 0.0),
+                                       {"dask.worker.id": address, "dask.worker.name": name,
+                                        "dask.spill.direction": "write" if activity == "disk-write" else "read"})
+                           for activity in ("disk-write", "disk-read")]
+            return points
 
         return callback
 
@@ -364,9 +370,8 @@ class WorkerTelemetryPlugin(WorkerPlugin):
                            type(exc).__name__ if not isinstance(exc, ValueError) else exc)
 
     def teardown(self, worker: Any) -> None:
-        telemetry = self._telemetry
-        if telemetry is not None:
-            telemetry.flush(telemetry._settings.exit_timeout_s)
+        self._telemetry = None
+        _stop(worker)
 
     def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
         telemetry = self._telemetry
@@ -378,14 +383,13 @@ async def flush_worker(dask_worker: Any = None, timeout_s: float = 30.0) -> bool
     """Run on each worker by ``handle.flush()`` (through ``Client.run``)."""
     import asyncio
 
-    telemetry = _ProcessTelemetry.current
+    telemetry = _ProcessTelemetry.by_worker.get(dask_worker)
     if telemetry is None:
         return True
     return await asyncio.get_running_loop().run_in_executor(None, telemetry.flush, timeout_s)
 
 
 def close_at_exit() -> None:
-    """At interpreter exit: what the worker recorded becomes telemetry before the SDK delivers."""
-    telemetry = _ProcessTelemetry.current
-    if telemetry is not None:
-        telemetry.close(telemetry._settings.exit_timeout_s)
+    """At interpreter exit: what the workers recorded becomes spans; the exit hook then delivers once."""
+    for worker in list(_ProcessTelemetry.by_worker.keys()):
+        _stop(worker, export=False)

@@ -1,0 +1,133 @@
+"""dask.distributed with the cluster in the test's process (LocalCluster(processes=False)).
+
+Workers here share the test's providers (the in-memory SDK of the ``telemetry``
+fixture), so these tests see every span and point directly: client wrappers,
+uninstrumenting, concurrency, cancellation and nested computes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import dask
+import pytest
+
+distributed = pytest.importorskip("distributed")
+from distributed import Client, LocalCluster  # noqa: E402
+
+
+def inc(x: int) -> int:
+    return x + 1
+
+
+def slow(x: int) -> int:
+    time.sleep(5)  # cancelled long before it ends
+    return x
+
+
+def nested(n: int) -> int:
+    from distributed import get_client
+
+    client = get_client()
+    graph = {f"inner-{i}": (inc, i) for i in range(n)}
+    return sum(client.get(graph, list(graph)))
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with LocalCluster(n_workers=2, threads_per_worker=2, processes=False, dashboard_address=None) as running:
+        yield running
+
+
+@pytest.fixture
+def client(cluster, telemetry):
+    with Client(cluster) as connected:
+        yield connected
+
+
+def wait_until(predicate, timeout_s: float = 20) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)  # spans come from worker threads; no event to wait on from here
+    return False
+
+
+def tasks_of(telemetry, root) -> list:
+    return [s for s in telemetry.spans() if s.parent is not None and s.parent.span_id == root.context.span_id]
+
+
+def test_in_process_workers_emit_through_the_applications_providers(telemetry, client):
+    graph = {f"inc-{i}": (inc, i) for i in range(10)}
+    assert client.get(graph, list(graph)) == list(range(1, 11))
+    (root,) = telemetry.roots()
+    assert root.attributes["dask.scheduler"] == "distributed"
+    assert wait_until(lambda: len(tasks_of(telemetry, root)) == 10)
+    tasks = tasks_of(telemetry, root)
+    addresses = {s.attributes["dask.worker.id"] for s in tasks}
+    assert addresses <= set(client.scheduler_info()["workers"])
+    assert all(s.context.trace_id == root.context.trace_id for s in tasks)
+    durations = [p for p in telemetry.points("dask.task.duration") if p.attributes["dask.scheduler"] == "distributed"]
+    assert sum(p.count for p in durations) == 10
+
+
+def test_each_worker_in_the_process_reports_its_own_address(telemetry, client):
+    futures = client.compute([dask.delayed(inc)(i, dask_key_name=f"inc-{i}") for i in range(40)])
+    client.gather(futures)
+    (root,) = telemetry.roots()
+    assert wait_until(lambda: len(tasks_of(telemetry, root)) == 40)
+    by_worker = {}
+    for span in tasks_of(telemetry, root):
+        by_worker.setdefault(span.attributes["dask.worker.id"], set()).add(span.attributes["thread.id"])
+    assert len(by_worker) == 2, "both in-process workers ran tasks and named themselves"
+
+
+def test_concurrent_computes_from_threads_get_separate_traces(telemetry, client):
+    results: dict[int, int] = {}
+
+    def run(n: int) -> None:
+        graph = {f"t{n}-{i}": (inc, i) for i in range(5)}
+        results[n] = sum(client.get(graph, list(graph)))
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert results == {n: 15 for n in range(4)}
+    roots = telemetry.roots()
+    assert len(roots) == 4 and len({r.context.trace_id for r in roots}) == 4
+    assert wait_until(lambda: all(len(tasks_of(telemetry, r)) == 5 for r in telemetry.roots()))
+    for root in telemetry.roots():
+        prefixes = {s.attributes["dask.task.key"].split("-")[0] for s in tasks_of(telemetry, root)}
+        assert len(prefixes) == 1, "a trace holds one thread's tasks only"
+        assert root.attributes["dask.graph.tasks"] == 5
+
+
+def test_cancelled_future_ends_its_compute_with_an_error(telemetry, client):
+    future = client.compute(dask.delayed(slow)(1, dask_key_name="slow-1"))
+    future.cancel()
+    assert wait_until(lambda: bool(telemetry.exporter.get_finished_spans()))
+    (root,) = telemetry.roots()
+    assert root.status.status_code.name == "ERROR"
+    assert [e.name for e in root.events if e.name == "dask.future.cancelled"]
+
+
+def test_nested_compute_inside_a_task_joins_the_outer_trace(telemetry, client):
+    assert client.get({"nested-0": (nested, 3)}, "nested-0") == 6
+    assert wait_until(lambda: len(telemetry.roots()) == 2)
+    outer, inner = sorted(telemetry.roots(), key=lambda s: s.start_time)
+    assert inner.context.trace_id == outer.context.trace_id
+    assert inner.parent.span_id == outer.context.span_id
+    assert wait_until(lambda: len(tasks_of(telemetry, inner)) == 3)
+
+
+def test_uninstrument_restores_the_client_class_exactly(telemetry):
+    wrapped = {name: Client.__dict__[name] for name in ("get", "compute", "persist", "start")}
+    assert all(hasattr(function, "__wrapped__") for function in wrapped.values())
+    telemetry.handle.uninstrument()
+    for name, function in wrapped.items():
+        restored = Client.__dict__[name]
+        assert restored is function.__wrapped__ and not hasattr(restored, "__wrapped__")
