@@ -238,6 +238,41 @@ def test_span_budget_is_shared_between_workers_and_every_task_is_counted(receive
     assert 0 < len(plain) <= 40
 
 
+def test_a_retried_task_is_marked(receiver):
+    app = run_app("--workload", "retry", "--flush", env=env_for(receiver))
+    assert app.value("RESULT") == "7"
+    root, spans = trace_of(receiver, expect_tasks=2)
+    runs = sorted(task_spans(spans, root), key=lambda s: s["start_ns"])
+    assert [s["status_code"] == ERROR for s in runs] == [True, False]
+    assert all(s["attributes"]["dask.task.retries"] == 1 for s in runs)
+    assert "dask.task.attempt" not in runs[0]["attributes"] and runs[1]["attributes"]["dask.task.attempt"] == 2
+
+
+def test_map_is_one_trace_of_its_tasks(receiver):
+    app = run_app("--workload", "map", "--flush", env=env_for(receiver))
+    assert app.value("RESULT") == str(sum(range(1, 11)))
+    root, spans = trace_of(receiver, expect_tasks=10)
+    assert root["attributes"]["dask.graph.tasks"] == 10
+    assert sorted(s["attributes"]["dask.task.key"] for s in task_spans(spans, root)) == sorted(
+        f"inc-{i}" for i in range(10))
+
+
+def test_workers_export_while_the_job_runs_without_any_flush(receiver):
+    """A worker killed with SIGKILL loses at most its last interval: spans leave without a flush."""
+    proc = subprocess.Popen([sys.executable, str(APP), "--hold"], env=env_for(receiver), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().startswith("WORKERS")
+        assert proc.stdout.readline().startswith("RESULT")
+        assert proc.stdout.readline().startswith("HOLDING")
+        # Nobody flushes while the app holds: the workers' own drain interval delivers the spans.
+        assert receiver.wait_for(lambda r: sum(1 for s in r.spans() if s["name"] in ("inc", "total")) == 21,
+                                 timeout_s=15)
+    finally:
+        proc.communicate("\n", timeout=60)
+    assert proc.returncode == 0
+
+
 # -- clusters started outside Python ------------------------------------------------------------
 def _without_otel(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if not k.startswith("OTEL_")}

@@ -1,9 +1,11 @@
 """On the client: one trace per ``compute``/``persist``/``get``, and the plugins on the cluster.
 
 :class:`ClusterCapture` wraps ``Client.get`` (what ``dask.compute`` and
-``collection.compute()`` use with a distributed client), ``Client.compute`` and
-``Client.persist`` on the class, so clients created before and after instrumenting are
-covered alike. A wrapped call:
+``collection.compute()`` use with a distributed client), ``Client.compute``,
+``Client.persist``, ``Client.submit`` and ``Client.map`` on the class, so clients
+created before and after instrumenting are covered alike. Each call is one trace (a
+``map`` of 1,000 calls is one trace of 1,000 tasks); ``gather`` runs no tasks and
+opens none. A wrapped call:
 
 1. opens the ``dask.compute`` span (``dask.scheduler=distributed``), a child of the
    caller's current span, or of the running task's compute when called from inside a
@@ -12,7 +14,7 @@ covered alike. A wrapped call:
    context and each worker's share of the span budget to every task
    (:mod:`.propagation`);
 3. ends the span when the results are in: when ``get`` returns, or when the last
-   future of ``compute``/``persist`` finishes (or errs, or is cancelled).
+   future of the other calls finishes (or errs, or is cancelled).
 
 The first traced call on a client (or ``Client.start``, or
 ``instrument_scheduler(client=...)``) registers :mod:`.scheduler` and :mod:`.worker`
@@ -46,7 +48,15 @@ logger = logging.getLogger("otel_graph")
 
 #: Set while a traced call runs, so the calls it makes (``get`` -> ``gather``) are not traced again.
 _INSIDE: contextvars.ContextVar[bool] = contextvars.ContextVar("otel_graph_inside", default=False)
-_WRAPPED = ("get", "compute", "persist")
+_WRAPPED = ("get", "compute", "persist", "submit", "map")
+
+
+def _futures(result: Any) -> list[Any]:
+    from distributed import Future, futures_of
+
+    if isinstance(result, Future):
+        return [result]
+    return list(futures_of(result))
 
 
 def _client_env() -> dict[str, str]:
@@ -206,9 +216,7 @@ class ClusterCapture:
             otel_context.detach(token)
 
     def _end_when_done(self, record: Any, result: Any) -> None:
-        from distributed import futures_of
-
-        futures = futures_of(result)
+        futures = _futures(result)
         if not futures:
             self._tracker.end(record, None)
             return

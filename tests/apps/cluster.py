@@ -6,11 +6,13 @@ Configured the user's way, through OTEL_* variables, plus arguments:
 ``--client-first``       create the Client before calling instrument_scheduler()
 ``--attach``             pass the client: instrument_scheduler(client=client)
 ``--scheduler ADDR``     connect to a running scheduler instead of a LocalCluster
-``--workload NAME``      sum (default), fail, transfer, spill, persist, kill, many
+``--workload NAME``      sum (default), fail, transfer, spill, persist, kill, many,
+                         retry, map
 ``--memory-limit TEXT``  per-worker memory limit (for spill)
 ``--parent``             run the compute inside a span of the app's own
 ``--flush``              call handle.flush() before closing the client, print FLUSHED
 ``--wait-workers N``     wait for N workers first (with --scheduler)
+``--hold``               after the work, print HOLDING and wait for a line on stdin
 
 It prints RESULT (or FAILED with the exception type), TRACE_ID/PARENT_SPAN_ID under
 ``--parent``, and WORKERS (the worker addresses).
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import operator
+import sys
 
 import dask
 import numpy as np
@@ -38,6 +41,18 @@ def die(x: int) -> int:
     import os
 
     os._exit(3)
+
+
+def flaky(x: int) -> int:
+    import os
+    import tempfile
+
+    marker = os.path.join(tempfile.gettempdir(), f"otel-graph-flaky-{os.getppid()}")
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        raise RuntimeError("first attempt fails")
+    os.unlink(marker)
+    return x
 
 
 def block(i: int, size: int) -> np.ndarray:
@@ -74,6 +89,13 @@ def workload(client: Client, name: str, workers: list[str]) -> object:
     if name == "many":
         graph = {f"inc-{i}": (inc, i) for i in range(200)}
         return sum(client.get(graph, list(graph)))
+    if name == "retry":
+        # The first run fails, the retry (pinned to the same worker) succeeds.
+        graph = {"flaky-0": (flaky, 7)}
+        return client.get(graph, "flaky-0", retries=1, workers=[workers[0]])
+    if name == "map":
+        futures = client.map(inc, range(10), key=[f"inc-{i}" for i in range(10)])
+        return sum(client.gather(futures))
     if name == "persist":
         x = dask.delayed(operator.add)(1, 2, dask_key_name="add-1")
         (persisted,) = client.persist([x])
@@ -92,6 +114,7 @@ def main() -> None:
     parser.add_argument("--parent", action="store_true")
     parser.add_argument("--flush", action="store_true")
     parser.add_argument("--wait-workers", type=int, default=0)
+    parser.add_argument("--hold", action="store_true")
     args = parser.parse_args()
 
     import otel_graph
@@ -133,6 +156,9 @@ def main() -> None:
         print("FAILED", type(exc).__name__, exc, flush=True)
     if args.flush:
         print("FLUSHED", handle.flush(timeout_s=30), flush=True)
+    if args.hold:
+        print("HOLDING", flush=True)
+        sys.stdin.readline()
     client.close()
     if cluster is not None:
         cluster.close()
