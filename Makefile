@@ -21,6 +21,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/run.py
+	$(PY) benchmarks/bench_distributed.py
 
 demo: $(STAMP)
 	$(PY) -m otel_graph.demo

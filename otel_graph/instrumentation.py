@@ -222,10 +222,11 @@ class Instrumentation:
                 return
             self._live = False
             self._capture.uninstall()
-            if self._cluster is not None:
-                self._cluster.uninstall()
             if _Process.live is self:
                 _Process.live = None
+        if self._cluster is not None:
+            # Outside the lock: taking plugins off a cluster waits on it (teardowns flush).
+            self._cluster.uninstall()
         self._instruments.readings.stop()
         # Building spans is our own CPU work and always progresses: bounded generously.
         self._tracker.stop(_UNINSTRUMENT_DRAIN_S)
@@ -256,7 +257,7 @@ class Instrumentation:
         started = time.monotonic()
         self._capture.uninstall()
         if self._cluster is not None:
-            self._cluster.uninstall()
+            self._cluster.uninstall(detach=False)  # the cluster may be gone; workers flush themselves
         owned = self._owned
         processor = owned.span_processor if owned is not None else None
         # With the collector down or hung, building the last spans only delays the exit:

@@ -124,10 +124,17 @@ def test_nested_compute_inside_a_task_joins_the_outer_trace(telemetry, client):
     assert wait_until(lambda: len(tasks_of(telemetry, inner)) == 3)
 
 
-def test_uninstrument_restores_the_client_class_exactly(telemetry):
-    wrapped = {name: Client.__dict__[name] for name in ("get", "compute", "persist", "start")}
+def test_uninstrument_restores_the_client_class_and_the_cluster_exactly(telemetry, client, cluster):
+    def plugged() -> dict:
+        return client.run(lambda dask_worker: "otel-graph" in dask_worker.plugins)
+
+    assert set(plugged().values()) == {True} and "otel-graph" in cluster.scheduler.plugins
+    wrapped = {name: Client.__dict__[name] for name in ("get", "compute", "persist", "submit", "map", "start")}
     assert all(hasattr(function, "__wrapped__") for function in wrapped.values())
     telemetry.handle.uninstrument()
     for name, function in wrapped.items():
         restored = Client.__dict__[name]
         assert restored is function.__wrapped__ and not hasattr(restored, "__wrapped__")
+    assert set(plugged().values()) == {False} and "otel-graph" not in cluster.scheduler.plugins
+    assert client.get({"inc-0": (inc, 1)}, "inc-0") == 2
+    assert telemetry.exporter.get_finished_spans() == ()

@@ -81,12 +81,25 @@ class ClusterCapture:
             self._originals[name] = original
             setattr(Client, name, self._wrap_start(original) if name == "start" else self._wrap(original, name))
 
-    def uninstall(self) -> None:
+    def uninstall(self, *, detach: bool = True) -> None:
+        """Restore the Client class; with ``detach``, also take the plugins off live clusters."""
         from distributed import Client
 
         for name, original in self._originals.items():
             setattr(Client, name, original)
         self._originals.clear()
+        if not detach:
+            return
+        for client in list(self._attached):
+            self._attached.discard(client)
+            if getattr(client, "status", "") != "running":
+                continue
+            try:
+                client.unsubscribe_topic(TOPIC)
+                client.unregister_worker_plugin(PLUGIN_NAME)
+                client.unregister_scheduler_plugin(PLUGIN_NAME)
+            except Exception:
+                logger.debug("otel_graph: could not take the plugins off a cluster", exc_info=True)
 
     # -- cluster side ----------------------------------------------------------------------
     def attach(self, client: Any) -> None:

@@ -369,9 +369,12 @@ class WorkerTelemetryPlugin(WorkerPlugin):
             logger.warning("otel_graph: telemetry is off on worker %s: %s", getattr(worker, "address", "?"),
                            type(exc).__name__ if not isinstance(exc, ValueError) else exc)
 
-    def teardown(self, worker: Any) -> None:
+    async def teardown(self, worker: Any) -> None:
+        import asyncio
+
         self._telemetry = None
-        _stop(worker)
+        # Off the event loop: the final flush may wait on the collector.
+        await asyncio.get_running_loop().run_in_executor(None, _stop, worker)
 
     def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
         telemetry = self._telemetry
