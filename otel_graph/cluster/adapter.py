@@ -213,7 +213,10 @@ def worker_count(scheduler: Any) -> int:
 def client_worker_count(client: Any) -> int:
     """Workers the client last heard of, without a round trip; at least 1."""
     identity = getattr(client, "_scheduler_identity", None) or {}
-    return max(1, len(identity.get("workers", {}) or {}))
+    count = identity.get("n_workers")  # "workers" may list only the first few
+    if not isinstance(count, int):
+        count = len(identity.get("workers", {}) or {})
+    return max(1, count)
 
 
 def is_scheduler(server: Any) -> bool:

@@ -64,9 +64,12 @@ def _client_env() -> dict[str, str]:
 
 
 class ClusterCapture:
-    def __init__(self, tracker: Any, settings: Any) -> None:
+    """Wraps the Client class; ``register=False`` (inside a worker) only listens, never registers."""
+
+    def __init__(self, tracker: Any, settings: Any, *, register: bool = True) -> None:
         self._tracker = tracker
         self._settings = settings
+        self._register = register
         self._originals: dict[str, Any] = {}
         self._attached: weakref.WeakSet = weakref.WeakSet()
         self._lock = threading.Lock()
@@ -96,8 +99,9 @@ class ClusterCapture:
                 continue
             try:
                 client.unsubscribe_topic(TOPIC)
-                client.unregister_worker_plugin(PLUGIN_NAME)
-                client.unregister_scheduler_plugin(PLUGIN_NAME)
+                if self._register:
+                    client.unregister_worker_plugin(PLUGIN_NAME)
+                    client.unregister_scheduler_plugin(PLUGIN_NAME)
             except Exception:
                 logger.debug("otel_graph: could not take the plugins off a cluster", exc_info=True)
 
@@ -110,6 +114,15 @@ class ClusterCapture:
             if client in self._attached:
                 return
             self._attached.add(client)
+        if self._register:
+            self._register_plugins(client)
+        try:
+            client.subscribe_topic(TOPIC, self._on_event)
+        except Exception:
+            self.attach_errors += 1
+            logger.debug("otel_graph: could not subscribe to the scheduler's events", exc_info=True)
+
+    def _register_plugins(self, client: Any) -> None:
         try:
             client.register_plugin(SchedulerTelemetryPlugin(_client_env()), name=PLUGIN_NAME)
         except Exception as exc:
@@ -122,11 +135,6 @@ class ClusterCapture:
             self.attach_errors += 1
             logger.warning("otel_graph: no worker plugin on %s's workers (is otel_graph installed there?): %s",
                            getattr(client, "scheduler", "?"), type(exc).__name__)
-        try:
-            client.subscribe_topic(TOPIC, self._on_event)
-        except Exception:
-            self.attach_errors += 1
-            logger.debug("otel_graph: could not subscribe to the scheduler's events", exc_info=True)
 
     def flush(self, timeout_s: float) -> bool:
         """Ask every attached cluster's workers to export what they have; True if all did."""
@@ -207,7 +215,7 @@ class ClusterCapture:
             raise
         finally:
             _INSIDE.reset(token)
-        if kind == "get" or kwargs.get("sync"):
+        if (kind == "get" and kwargs.get("sync", True)) or (kind == "compute" and kwargs.get("sync")):
             self._tracker.end(record, None)
         else:
             self._end_when_done(record, result)

@@ -269,6 +269,27 @@ class _ProcessTelemetry:
 
     lock = threading.Lock()
     by_worker: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+    nested: Any = None  # (tracker, capture) tracing computes that tasks here start
+
+
+def _trace_nested_computes(providers: Any, settings: Any) -> None:
+    """In a worker process, trace computes that tasks start (``get_client().compute(...)``).
+
+    They nest under the running task's compute (its annotation says which): without
+    this, a nested compute would carry no trace context and its tasks no spans. Where
+    the process is already instrumented (an in-process cluster), that covers it.
+    """
+    if _ProcessTelemetry.nested is not None:
+        return
+    from otel_graph.cluster.client import ClusterCapture
+    from otel_graph.tracker import Tracker
+
+    tracker = Tracker(tracer=providers.tracer, emitter=providers.emitter,
+                      metrics=providers.instruments.task_metrics, max_task_spans=settings.max_task_spans,
+                      drain_interval_s=min(settings.drain_interval_s, _WORKER_DRAIN_S))
+    capture = ClusterCapture(tracker, settings, register=False)
+    capture.install()
+    _ProcessTelemetry.nested = (tracker, capture)
 
 
 def _start(worker: Any, client_env: dict[str, str]) -> WorkerTelemetry | None:
@@ -284,8 +305,11 @@ def _start(worker: Any, client_env: dict[str, str]) -> WorkerTelemetry | None:
         if settings.sdk_disabled:
             return None
         address, name = adapter.worker_identity(worker)
-        providers = live_providers() or providers_for(
-            settings, resource_attributes={"dask.worker.id": address, "dask.worker.name": name})
+        providers = live_providers()
+        if providers is None:
+            providers = providers_for(settings, resource_attributes={"dask.worker.id": address,
+                                                                     "dask.worker.name": name})
+            _trace_nested_computes(providers, settings)
         ensure_exit_hook()
         telemetry = _ProcessTelemetry.by_worker[worker] = WorkerTelemetry(worker, providers=providers,
                                                                           settings=settings)
@@ -389,10 +413,30 @@ async def flush_worker(dask_worker: Any = None, timeout_s: float = 30.0) -> bool
     telemetry = _ProcessTelemetry.by_worker.get(dask_worker)
     if telemetry is None:
         return True
-    return await asyncio.get_running_loop().run_in_executor(None, telemetry.flush, timeout_s)
+    nested = _ProcessTelemetry.nested
+
+    def flush() -> bool:
+        # Computes that tasks here started end before their task does: build their spans first.
+        built = nested[0].flush(timeout_s) if nested is not None else True
+        return telemetry.flush(timeout_s) and built
+
+    return await asyncio.get_running_loop().run_in_executor(None, flush)
+
+
+def telemetry_exit_timeout() -> float:
+    from otel_graph.config import load_settings
+
+    try:
+        return load_settings().exit_timeout_s
+    except Exception:
+        return 1.5
 
 
 def close_at_exit() -> None:
     """At interpreter exit: what the workers recorded becomes spans; the exit hook then delivers once."""
     for worker in list(_ProcessTelemetry.by_worker.keys()):
         _stop(worker, export=False)
+    if _ProcessTelemetry.nested is not None:
+        tracker, capture = _ProcessTelemetry.nested
+        capture.uninstall(detach=False)
+        tracker.stop(telemetry_exit_timeout())

@@ -7,7 +7,7 @@ Configured the user's way, through OTEL_* variables, plus arguments:
 ``--attach``             pass the client: instrument_scheduler(client=client)
 ``--scheduler ADDR``     connect to a running scheduler instead of a LocalCluster
 ``--workload NAME``      sum (default), fail, transfer, spill, persist, kill, many,
-                         retry, map
+                         retry, map, nested
 ``--memory-limit TEXT``  per-worker memory limit (for spill)
 ``--parent``             run the compute inside a span of the app's own
 ``--flush``              call handle.flush() before closing the client, print FLUSHED
@@ -41,6 +41,13 @@ def die(x: int) -> int:
     import os
 
     os._exit(3)
+
+
+def nested(n: int) -> int:
+    from distributed import get_client
+
+    graph = {f"inner-{i}": (inc, i) for i in range(n)}
+    return sum(get_client().get(graph, list(graph)))
 
 
 def flaky(x: int) -> int:
@@ -96,6 +103,9 @@ def workload(client: Client, name: str, workers: list[str]) -> object:
     if name == "map":
         futures = client.map(inc, range(10), key=[f"inc-{i}" for i in range(10)])
         return sum(client.gather(futures))
+    if name == "nested":
+        # A task that computes a graph of its own, from inside a worker process.
+        return client.get({"outer-0": (nested, 3)}, "outer-0")
     if name == "persist":
         x = dask.delayed(operator.add)(1, 2, dask_key_name="add-1")
         (persisted,) = client.persist([x])
