@@ -41,7 +41,7 @@ def main() -> None:
 
     import otel_graph
 
-    with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None) as cluster, \
+    with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=":0") as cluster, \
             Client(cluster) as client:
         graph = {f"noop-{i}": (noop,) for i in range(args.tasks)}
         keys = list(graph)

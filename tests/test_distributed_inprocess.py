@@ -36,7 +36,7 @@ def nested(n: int) -> int:
 
 @pytest.fixture(scope="module")
 def cluster():
-    with LocalCluster(n_workers=2, threads_per_worker=2, processes=False, dashboard_address=None) as running:
+    with LocalCluster(n_workers=2, threads_per_worker=2, processes=False, dashboard_address=":0") as running:
         yield running
 
 
@@ -138,3 +138,22 @@ def test_uninstrument_restores_the_client_class_and_the_cluster_exactly(telemetr
     assert set(plugged().values()) == {False} and "otel-graph" not in cluster.scheduler.plugins
     assert client.get({"inc-0": (inc, 1)}, "inc-0") == 2
     assert telemetry.exporter.get_finished_spans() == ()
+
+
+def test_asynchronous_clients_are_traced(telemetry):
+    import asyncio
+
+    async def main() -> tuple[int, int]:
+        async with LocalCluster(n_workers=2, processes=False, asynchronous=True, dashboard_address=":0") as cluster:
+            async with Client(cluster, asynchronous=True) as client:
+                plugged = await client.run(lambda dask_worker: "otel-graph" in dask_worker.plugins)
+                assert set(plugged.values()) == {True}, "plugins are on before the client is returned"
+                # (Client.get itself cancels its futures on asynchronous clients in distributed 2026.8.)
+                submitted = client.submit(inc, 3, key="inc-3")
+                future = client.compute(dask.delayed(inc)(41, dask_key_name="inc-41"))
+                return await submitted, await future
+
+    assert asyncio.run(main()) == (4, 42)
+    roots = telemetry.roots()
+    assert len(roots) == 2 and all(r.attributes["dask.scheduler"] == "distributed" for r in roots)
+    assert wait_until(lambda: sum(len(tasks_of(telemetry, r)) for r in telemetry.roots()) == 2)

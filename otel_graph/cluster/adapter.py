@@ -165,6 +165,33 @@ def spill_totals(worker: Any) -> dict[tuple[str, str], float]:
     return totals
 
 
+def future_error(future: Any) -> BaseException | None:
+    """The exception of a finished, erred future, read without a call that could block or await."""
+    state = getattr(future, "_state", None)
+    error = getattr(state, "exception", None)
+    return error if isinstance(error, BaseException) else None
+
+
+def chain_async_start(client: Any, then: Any) -> bool:
+    """Make ``await Client(asynchronous=True)`` also await ``then()`` once the client is up.
+
+    An asynchronous client starts in ``client._started``, which ``__await__`` awaits.
+    """
+    import asyncio
+
+    started = getattr(client, "_started", None)
+    if started is None:
+        return False
+
+    async def chained() -> Any:
+        result = await started
+        await then()
+        return result
+
+    client._started = asyncio.ensure_future(chained())
+    return True
+
+
 def current_task_annotation(*, annotation_name: str) -> Any:
     """The annotation of the task running on this thread, when called from inside a task."""
     try:

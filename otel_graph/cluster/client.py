@@ -21,13 +21,15 @@ The first traced call on a client (or ``Client.start``, or
 plugins on its cluster and subscribes to the scheduler's ``otel-graph`` topic, whose
 events set ``dask.graph.tasks`` and add ``dask.worker.lost`` events to open computes.
 
-Asynchronous clients are passed through untraced for now.
+Asynchronous clients are traced alike: ``await client.get(...)`` ends its span when
+awaited, and ``await Client(asynchronous=True)`` returns once the plugins are on.
 """
 
 from __future__ import annotations
 
 import contextvars
 import functools
+import inspect
 import logging
 import os
 import threading
@@ -99,7 +101,12 @@ class ClusterCapture:
                 continue
             try:
                 client.unsubscribe_topic(TOPIC)
-                if self._register:
+                if self._register and getattr(client, "asynchronous", False):
+                    import asyncio
+
+                    asyncio.ensure_future(client.unregister_worker_plugin(PLUGIN_NAME))
+                    asyncio.ensure_future(client.unregister_scheduler_plugin(PLUGIN_NAME))
+                elif self._register:
                     client.unregister_worker_plugin(PLUGIN_NAME)
                     client.unregister_scheduler_plugin(PLUGIN_NAME)
             except Exception:
@@ -107,40 +114,75 @@ class ClusterCapture:
 
     # -- cluster side ----------------------------------------------------------------------
     def attach(self, client: Any) -> None:
-        """Register the plugins on ``client``'s cluster and listen to its scheduler, once per client."""
-        if getattr(client, "asynchronous", False) or getattr(client, "status", "") != "running":
+        """Register the plugins on ``client``'s cluster and listen to its scheduler, once per client.
+
+        An asynchronous client cannot wait here: its registration is scheduled on its
+        loop, so a compute submitted at once may start before the workers have the plugin.
+        """
+        if getattr(client, "status", "") != "running":
             return
         with self._lock:
             if client in self._attached:
                 return
             self._attached.add(client)
+        if getattr(client, "asynchronous", False):
+            import asyncio
+
+            try:
+                asyncio.ensure_future(self.attach_async(client, claimed=True))
+            except RuntimeError:  # no running loop in this thread: the next traced call retries
+                self._attached.discard(client)
+            return
         if self._register:
-            self._register_plugins(client)
+            for plugin, where in self._plugins():
+                self._registered(where, lambda plugin=plugin: client.register_plugin(plugin, name=PLUGIN_NAME),
+                                 client)
+        self._subscribe(client)
+
+    async def attach_async(self, client: Any, *, claimed: bool = False) -> None:
+        if not claimed:
+            with self._lock:
+                if client in self._attached:
+                    return
+                self._attached.add(client)
+        if self._register:
+            for plugin, where in self._plugins():
+                try:
+                    await client.register_plugin(plugin, name=PLUGIN_NAME)
+                except Exception as exc:
+                    self._attach_failed(where, client, exc)
+        self._subscribe(client)
+
+    def _plugins(self) -> list[tuple[Any, str]]:
+        return [(SchedulerTelemetryPlugin(_client_env()), "scheduler"),
+                (WorkerTelemetryPlugin(_client_env()), "workers")]
+
+    def _registered(self, where: str, register: Any, client: Any) -> None:
+        try:
+            register()
+        except Exception as exc:
+            self._attach_failed(where, client, exc)
+
+    def _attach_failed(self, where: str, client: Any, exc: BaseException) -> None:
+        self.attach_errors += 1
+        # The type only: a message could echo the plugin's configuration.
+        logger.warning("otel_graph: no telemetry plugin on the %s of %s (is otel_graph installed there?): %s",
+                       where, getattr(client, "scheduler", "?"), type(exc).__name__)
+
+    def _subscribe(self, client: Any) -> None:
         try:
             client.subscribe_topic(TOPIC, self._on_event)
         except Exception:
             self.attach_errors += 1
             logger.debug("otel_graph: could not subscribe to the scheduler's events", exc_info=True)
 
-    def _register_plugins(self, client: Any) -> None:
-        try:
-            client.register_plugin(SchedulerTelemetryPlugin(_client_env()), name=PLUGIN_NAME)
-        except Exception as exc:
-            self.attach_errors += 1
-            logger.warning("otel_graph: no scheduler plugin on %s (is otel_graph installed there?): %s",
-                           getattr(client, "scheduler", "?"), type(exc).__name__)
-        try:
-            client.register_plugin(WorkerTelemetryPlugin(_client_env()), name=PLUGIN_NAME)
-        except Exception as exc:
-            self.attach_errors += 1
-            logger.warning("otel_graph: no worker plugin on %s's workers (is otel_graph installed there?): %s",
-                           getattr(client, "scheduler", "?"), type(exc).__name__)
-
     def flush(self, timeout_s: float) -> bool:
         """Ask every attached cluster's workers to export what they have; True if all did."""
         ok = True
         for client in list(self._attached):
-            if getattr(client, "status", "") != "running":
+            # An asynchronous client's workers cannot be waited on from here; they export
+            # every second and at teardown regardless.
+            if getattr(client, "status", "") != "running" or getattr(client, "asynchronous", False):
                 continue
             try:
                 results = client.run(flush_worker, timeout_s=timeout_s)
@@ -174,7 +216,10 @@ class ClusterCapture:
         def start(client: Any, **kwargs: Any) -> Any:
             result = original(client, **kwargs)
             try:
-                capture.attach(client)
+                if getattr(client, "asynchronous", False):
+                    adapter.chain_async_start(client, lambda: capture.attach_async(client))
+                else:
+                    capture.attach(client)
             except Exception:
                 logger.debug("otel_graph: attach at start failed", exc_info=True)
             return result
@@ -186,7 +231,7 @@ class ClusterCapture:
 
         @functools.wraps(original)
         def traced(client: Any, *args: Any, **kwargs: Any) -> Any:
-            if _INSIDE.get() or getattr(client, "asynchronous", False):
+            if _INSIDE.get():
                 return original(client, *args, **kwargs)
             return capture._traced(original, kind, client, args, kwargs)
 
@@ -215,10 +260,21 @@ class ClusterCapture:
             raise
         finally:
             _INSIDE.reset(token)
+        if kind == "get" and kwargs.get("sync", True) and inspect.isawaitable(result):
+            return self._end_when_awaited(record, result)  # an asynchronous client's get
         if (kind == "get" and kwargs.get("sync", True)) or (kind == "compute" and kwargs.get("sync")):
             self._tracker.end(record, None)
         else:
             self._end_when_done(record, result)
+        return result
+
+    async def _end_when_awaited(self, record: Any, pending: Any) -> Any:
+        try:
+            result = await pending
+        except BaseException as exc:
+            self._tracker.end(record, exc)
+            raise
+        self._tracker.end(record, None)
         return result
 
     def _begin(self) -> Any:
@@ -252,7 +308,7 @@ class ClusterCapture:
                     record.span.add_event("dask.future.cancelled", {"dask.task.key": str(future.key)})
                     error: BaseException | None = CancelledError(f"future {future.key} was cancelled")
                 elif status == "error":
-                    error = future.exception(timeout=5)
+                    error = adapter.future_error(future) or RuntimeError(f"future {future.key} erred")
                 else:
                     error = None
             except BaseException as exc:  # noqa: BLE001 - a failure to read it is still a failure

@@ -138,7 +138,7 @@ def main() -> None:
     cluster = None
     if args.scheduler is None:
         cluster = LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True,
-                               memory_limit=args.memory_limit, dashboard_address=None)
+                               memory_limit=args.memory_limit, dashboard_address=":0")
     address = args.scheduler or cluster.scheduler_address
     if args.client_first:
         client = Client(address)
