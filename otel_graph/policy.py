@@ -116,9 +116,14 @@ class SpanPlan:
             self._fold(group, prefix)
 
     def finish(self) -> None:
-        """Emit the kept slow tasks and one aggregate span per prefix; call once."""
+        """Emit the kept slow tasks and one aggregate span per prefix.
+
+        Called again after more events (a distributed worker settles a compute whenever
+        it goes quiet), it emits only what came since, within what is left of the budget.
+        """
         for _, _, ev, prefix in sorted(self._slowest, key=lambda item: item[2].start_ns):
             self._span(ev, prefix)
+        self._slow_capacity -= len(self._slowest)
         self._slowest.clear()
         for aggregate in self._aggregates.values():
             self._emit_aggregate(aggregate)

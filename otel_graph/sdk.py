@@ -100,7 +100,8 @@ def _prometheus_reader(settings: Settings, histograms: HistogramSet) -> MetricRe
                 metrics_data = histograms.merge_into(metrics_data, AggregationTemporality.CUMULATIVE)
             super()._receive_metrics(metrics_data, timeout_millis, **kwargs)
 
-    reader = MergingPrometheusReader()
+    # Listen first: the reader registers itself in prometheus_client's global registry as
+    # it is made, so a reader made for a port we cannot have would linger and serve twice.
     try:
         start_http_server(port=settings.prometheus_port, addr=settings.prometheus_host)
     except OSError as exc:
@@ -108,6 +109,7 @@ def _prometheus_reader(settings: Settings, histograms: HistogramSet) -> MetricRe
             f"OTEL_EXPORTER_PROMETHEUS_HOST/PORT: cannot listen on "
             f"{settings.prometheus_host}:{settings.prometheus_port}: {exc}"
         ) from None
+    reader = MergingPrometheusReader()
     return reader
 
 

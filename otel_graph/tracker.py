@@ -46,7 +46,8 @@ class ComputeRecord:
     """One compute: what capture writes (``sink``, ``submitted``, ``lost``) and what we derive."""
 
     __slots__ = ("scheduler", "span", "context", "start_ns", "end_ns", "error", "sink", "submitted",
-                 "lost", "seen", "graph", "state", "plan", "sampled", "graph_tasks")
+                 "lost", "seen", "graph", "state", "plan", "sampled", "graph_tasks", "cluster",
+                 "cluster_events")
 
     def __init__(self, scheduler: str, span: trace.Span, start_ns: int) -> None:
         self.scheduler = scheduler
@@ -65,6 +66,9 @@ class ComputeRecord:
         self.plan: SpanPlan | None = None
         #: Tasks counted elsewhere (the distributed scheduler); None where we count them ourselves.
         self.graph_tasks: int | None = None
+        #: distributed: the scheduler's address, and the cluster events already noted on the span.
+        self.cluster: str | None = None
+        self.cluster_events: set[tuple[str, str]] = set()
 
     def held(self) -> tuple[int, int]:
         """Results in Dask's cache right now: (count, bytes). Read from another thread.

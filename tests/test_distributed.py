@@ -55,18 +55,24 @@ def run_app(*args: str, env: dict[str, str], timeout_s: float = 120) -> App:
     return app
 
 
-def trace_of(receiver: OtlpReceiver, *, expect_tasks: int) -> tuple[dict, list[dict]]:
-    """The one compute span and the spans of its trace, once ``expect_tasks`` task spans are in."""
+def trace_of(receiver: OtlpReceiver, *, expect_tasks: int, containing: str | None = None) -> tuple[dict, list[dict]]:
+    """A compute span and the spans of its trace, once ``expect_tasks`` task spans are under it.
 
-    def complete(r: OtlpReceiver) -> bool:
-        roots = [s for s in r.spans() if s["name"] == "dask.compute"]
-        return bool(roots) and sum(1 for s in r.spans() if s["trace_id"] == roots[-1]["trace_id"]
-                                   and "dask.task.key" in s["attributes"]
-                                   and s["parent_span_id"] == roots[-1]["span_id"]) >= expect_tasks
+    With ``containing``, the compute whose tasks include that key (a workload may run
+    several computes); otherwise the only one with that many tasks.
+    """
 
-    assert receiver.wait_for(complete, timeout_s=30), [s["name"] for s in receiver.spans()]
-    roots = [s for s in receiver.spans() if s["name"] == "dask.compute"]
-    root = roots[-1]
+    def find(r: OtlpReceiver) -> dict | None:
+        spans = r.spans()
+        for root in (s for s in spans if s["name"] == "dask.compute"):
+            tasks = [s for s in spans if s["parent_span_id"] == root["span_id"] and "dask.task.key" in s["attributes"]]
+            keys = {s["attributes"]["dask.task.key"] for s in tasks}
+            if len(tasks) >= expect_tasks and (containing is None or containing in keys):
+                return root
+        return None
+
+    assert receiver.wait_for(lambda r: find(r) is not None, timeout_s=30), [s["name"] for s in receiver.spans()]
+    root = find(receiver)
     return root, [s for s in receiver.spans() if s["trace_id"] == root["trace_id"] and s is not root]
 
 
@@ -157,7 +163,7 @@ def test_transfer_between_workers_is_a_phase_with_source_and_bytes(receiver):
     app = run_app("--workload", "transfer", "--flush", env=env_for(receiver))
     assert app.value("RESULT") == str(2_000_000 * 3)
     workers = app.value("WORKERS").split()
-    root, spans = trace_of(receiver, expect_tasks=1)
+    root, spans = trace_of(receiver, expect_tasks=1, containing="total-ab")
     (summed,) = [s for s in task_spans(spans, root) if s["attributes"]["dask.task.key"] == "total-ab"]
     assert summed["attributes"]["dask.worker.id"] == workers[1]
     (transfer,) = [s for s in spans if s["name"] == "transfer" and s["parent_span_id"] == summed["span_id"]]
@@ -280,6 +286,22 @@ def test_a_compute_started_inside_a_task_on_a_worker_process_nests_in_the_trace(
     assert inner_compute["name"] == outer_compute["name"] == "dask.compute"
     assert inner_compute["parent_span_id"] == outer_compute["span_id"]
     assert {s["trace_id"] for s in spans if s["name"] in ("inner", "outer", "dask.compute")} == {outer["trace_id"]}
+
+
+def test_the_budget_holds_across_a_workers_quiet_spells(receiver):
+    # Tasks of 1.2 s: every worker drain (1 s) between two of them brings nothing, and the
+    # compute is settled each time; what is left of its budget must carry over.
+    run_app("--workload", "slow", "--flush", env=env_for(receiver, OTEL_GRAPH_MAX_TASK_SPANS="2"))
+    root, spans = trace_of(receiver, expect_tasks=1)
+    children = task_spans(spans, root)
+    assert sum(s["attributes"].get("dask.task.count", 1) for s in children) == 6
+    assert len([s for s in children if "dask.task.count" not in s["attributes"]]) <= 2
+
+
+def test_flush_returns_within_its_timeout_when_a_worker_is_paused(receiver):
+    app = run_app("--workload", "pause", "--flush-timeout", "3", env=env_for(receiver))
+    assert app.value("FLUSHED") == "False"
+    assert float(app.value("FLUSH_SECONDS")) < 6
 
 
 def test_workers_export_while_the_job_runs_without_any_flush(receiver):

@@ -84,6 +84,29 @@ def test_each_worker_in_the_process_reports_its_own_address(telemetry, client):
     assert len(by_worker) == 2, "both in-process workers ran tasks and named themselves"
 
 
+def test_a_second_client_keeps_the_plugins_in_place_and_counts_once(telemetry, client, cluster):
+    def plugins() -> dict:
+        return client.run(lambda dask_worker: id(dask_worker.plugins["otel-graph"]))
+
+    before = plugins()
+    with Client(cluster) as second:
+        assert plugins() == before, "no teardown and setup on every worker for each new client"
+        graph = {f"inc-{i}": (inc, i) for i in range(5)}
+        assert second.get(graph, list(graph)) == list(range(1, 6))
+    (root,) = telemetry.roots()
+    assert root.attributes["dask.graph.tasks"] == 5
+
+
+def test_dropped_futures_still_release_their_work(telemetry, client, cluster):
+    futures = client.compute([dask.delayed(slow)(i, dask_key_name=f"slow-{i}") for i in range(4)])
+    assert wait_until(lambda: len(cluster.scheduler.tasks) == 4)
+    del futures
+    assert wait_until(lambda: len(cluster.scheduler.tasks) == 0), "otel_graph kept dropped futures alive"
+    (root,) = telemetry.roots()
+    assert len([e for e in root.events if e.name == "dask.future.released"]) == 4
+    assert root.status.status_code.name != "ERROR"
+
+
 def test_concurrent_computes_from_threads_get_separate_traces(telemetry, client):
     results: dict[int, int] = {}
 

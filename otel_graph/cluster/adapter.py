@@ -76,18 +76,23 @@ def task_run(worker: Any, key: Any, *, annotation_name: str) -> TaskRun | None:
         return None
     delay = getattr(worker, "scheduler_delay", 0.0) or 0.0
     start = end = None
-    phases: list[Phase] = []
+    # startstops is one list across retries of the task: keep the phases that led up to
+    # the last compute (since the one before it) and those after it (its disk-write).
+    leading: list[Phase] = []
+    since: list[Phase] = []
     for entry in ts.startstops or ():
         action = entry.get("action")
         on_worker_clock = action in ("disk-read", "disk-write")
         offset = 0.0 if on_worker_clock else delay
         began, ended = entry["start"] - offset, entry["stop"] - offset
         if action == "compute":
-            start, end = began, ended  # the last one: this run's
+            start, end = began, ended
+            leading, since = since, []
         elif action in ("transfer", "disk-read", "disk-write"):
             source = entry.get("source")
             nbytes = _transfer_bytes(worker, entry) if action == "transfer" else None
-            phases.append(Phase(action, _ns(began), _ns(ended), source, nbytes))
+            since.append(Phase(action, _ns(began), _ns(ended), source, nbytes))
+    phases = leading + since
     if start is None:
         return None  # it never ran here (cancelled before executing)
     annotations = ts.annotations or {}
@@ -165,11 +170,59 @@ def spill_totals(worker: Any) -> dict[tuple[str, str], float]:
     return totals
 
 
-def future_error(future: Any) -> BaseException | None:
-    """The exception of a finished, erred future, read without a call that could block or await."""
-    state = getattr(future, "_state", None)
-    error = getattr(state, "exception", None)
-    return error if isinstance(error, BaseException) else None
+def watch_futures(client: Any, futures: Iterable[Any], settled: Any) -> None:
+    """Call ``settled(key, status, error)`` once per future: finished, error, cancelled, or released.
+
+    Waits on each future's shared state (``future._state``), never on the future: holding
+    the future would keep its key alive on the cluster after the user dropped it. A
+    future garbage-collected first settles as ``released``.
+    """
+    import weakref
+
+    for future in futures:
+        state, key = future._state, future.key
+        once = _Once(settled, key)
+
+        async def wait(state: Any = state, once: _Once = once) -> None:
+            try:
+                await state.wait()
+            except Exception:  # the client closed under us: the future is gone either way
+                once("cancelled", None)
+                return
+            error = state.exception if state.status == "error" else None
+            once(state.status, error if isinstance(error, BaseException) else None)
+
+        weakref.finalize(future, once, "released", None)
+        client.loop.add_callback(wait)
+
+
+class _Once:
+    """The first of a future's outcomes wins (the loop and the garbage collector may race)."""
+
+    __slots__ = ("_callback", "_key", "_lock", "_done")
+
+    def __init__(self, callback: Any, key: Any) -> None:
+        import threading
+
+        self._callback, self._key, self._lock, self._done = callback, key, threading.Lock(), False
+
+    def __call__(self, status: str, error: BaseException | None) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+        self._callback(self._key, status, error)
+
+
+def is_closing(worker: Any) -> bool:
+    """True while a worker shuts down (not when a plugin is merely replaced or removed)."""
+    status = getattr(getattr(worker, "status", None), "name", "")
+    return status in ("closing", "closed", "closing_gracefully", "failed")
+
+
+def scheduler_address(client: Any) -> str:
+    scheduler = getattr(client, "scheduler", None)
+    return str(getattr(scheduler, "address", "") or "")
 
 
 def chain_async_start(client: Any, then: Any) -> bool:

@@ -1,4 +1,4 @@
-"""On the client: one trace per ``compute``/``persist``/``get``, and the plugins on the cluster.
+"""On the client: one trace per client call that runs tasks, and the plugins on the cluster.
 
 :class:`ClusterCapture` wraps ``Client.get`` (what ``dask.compute`` and
 ``collection.compute()`` use with a distributed client), ``Client.compute``,
@@ -8,25 +8,30 @@ created before and after instrumenting are covered alike. Each call is one trace
 opens none. A wrapped call:
 
 1. opens the ``dask.compute`` span (``dask.scheduler=distributed``), a child of the
-   caller's current span, or of the running task's compute when called from inside a
-   task on a worker;
+   caller's current span, or, when called from inside a task, of that task's compute;
 2. submits the graph inside ``dask.annotate(otel_graph=...)``, which carries the span
    context and each worker's share of the span budget to every task
    (:mod:`.propagation`);
 3. ends the span when the results are in: when ``get`` returns, or when the last
-   future of the other calls finishes (or errs, or is cancelled).
+   future of the other calls finishes, errs, is cancelled or is dropped (watched
+   without holding the futures, so dropping them still releases their work).
 
-The first traced call on a client (or ``Client.start``, or
-``instrument_scheduler(client=...)``) registers :mod:`.scheduler` and :mod:`.worker`
-plugins on its cluster and subscribes to the scheduler's ``otel-graph`` topic, whose
-events set ``dask.graph.tasks`` and add ``dask.worker.lost`` events to open computes.
+A client is *attached* once (at ``Client.start``, on its first traced call, or by
+``instrument_scheduler(client=...)``): the scheduler and worker plugins are registered
+if the cluster does not have them yet, the client joins the scheduler's set of
+instrumented clients, and it listens to the ``otel-graph`` topic, whose events set
+``dask.graph.tasks`` and add ``dask.worker.lost`` events to its open computes. Waiting
+on the cluster is bounded (:data:`CLUSTER_TIMEOUT_S`); past it the work goes on in the
+background and the caller's call proceeds. ``uninstrument()`` leaves the cluster, and
+the last instrumented client to leave takes the plugins off.
 
-Asynchronous clients are traced alike: ``await client.get(...)`` ends its span when
-awaited, and ``await Client(asynchronous=True)`` returns once the plugins are on.
+Asynchronous clients are traced alike: ``await client.compute(...)`` futures end their
+span when they settle, and ``await Client(asynchronous=True)`` returns once attached.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import functools
 import inspect
@@ -34,6 +39,7 @@ import logging
 import os
 import threading
 import weakref
+from collections.abc import Callable
 from concurrent.futures import CancelledError
 from typing import Any
 
@@ -43,14 +49,21 @@ from opentelemetry import trace
 
 from otel_graph.cluster import adapter
 from otel_graph.cluster.propagation import ANNOTATION, annotation, parent_span
-from otel_graph.cluster.scheduler import TOPIC, SchedulerTelemetryPlugin
+from otel_graph.cluster.scheduler import TOPIC, SchedulerTelemetryPlugin, join_cluster, leave_cluster
 from otel_graph.cluster.worker import PLUGIN_NAME, WorkerTelemetryPlugin, flush_worker
 
 logger = logging.getLogger("otel_graph")
 
+#: Longest otel_graph waits on a cluster to register, leave or flush before going on.
+CLUSTER_TIMEOUT_S = 10.0
+
 #: Set while a traced call runs, so the calls it makes (``get`` -> ``gather``) are not traced again.
 _INSIDE: contextvars.ContextVar[bool] = contextvars.ContextVar("otel_graph_inside", default=False)
 _WRAPPED = ("get", "compute", "persist", "submit", "map")
+
+
+def _client_env() -> dict[str, str]:
+    return {name: value for name, value in os.environ.items() if name.startswith("OTEL_")}
 
 
 def _futures(result: Any) -> list[Any]:
@@ -61,8 +74,32 @@ def _futures(result: Any) -> list[Any]:
     return list(futures_of(result))
 
 
-def _client_env() -> dict[str, str]:
-    return {name: value for name, value in os.environ.items() if name.startswith("OTEL_")}
+def _bounded(work: Callable[[], Any], timeout_s: float, what: str) -> tuple[bool, Any]:
+    """Run ``work`` on a daemon thread; (True, result) if it finished in time, else (False, None).
+
+    distributed's blocking client calls take no deadline and wait on every worker; a
+    paused or dying worker must not hang ``flush()``, ``uninstrument()`` or ``Client()``.
+    """
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, work()))
+        except Exception as exc:  # reported below, by type only
+            outcome.append((False, exc))
+
+    thread = threading.Thread(target=run, name=f"otel-graph-{what}", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if not outcome:
+        logger.warning("otel_graph: the cluster did not answer %s within %.0f s; going on without waiting",
+                       what, timeout_s)
+        return False, None
+    ok, value = outcome[0]
+    if not ok:
+        logger.warning("otel_graph: %s failed: %s", what, type(value).__name__)
+        return False, None
+    return True, value
 
 
 class ClusterCapture:
@@ -75,7 +112,6 @@ class ClusterCapture:
         self._originals: dict[str, Any] = {}
         self._attached: weakref.WeakSet = weakref.WeakSet()
         self._lock = threading.Lock()
-        self.attach_errors = 0
 
     # -- install ---------------------------------------------------------------------------
     def install(self) -> None:
@@ -87,126 +123,135 @@ class ClusterCapture:
             setattr(Client, name, self._wrap_start(original) if name == "start" else self._wrap(original, name))
 
     def uninstall(self, *, detach: bool = True) -> None:
-        """Restore the Client class; with ``detach``, also take the plugins off live clusters."""
+        """Restore the Client class; with ``detach``, also leave the clusters (see the module docs)."""
         from distributed import Client
 
         for name, original in self._originals.items():
             setattr(Client, name, original)
         self._originals.clear()
-        if not detach:
-            return
         for client in list(self._attached):
             self._attached.discard(client)
-            if getattr(client, "status", "") != "running":
-                continue
-            try:
-                client.unsubscribe_topic(TOPIC)
-                if self._register and getattr(client, "asynchronous", False):
-                    import asyncio
+            if detach and getattr(client, "status", "") == "running":
+                self._leave(client)
 
-                    asyncio.ensure_future(client.unregister_worker_plugin(PLUGIN_NAME))
-                    asyncio.ensure_future(client.unregister_scheduler_plugin(PLUGIN_NAME))
-                elif self._register:
-                    client.unregister_worker_plugin(PLUGIN_NAME)
-                    client.unregister_scheduler_plugin(PLUGIN_NAME)
-            except Exception:
-                logger.debug("otel_graph: could not take the plugins off a cluster", exc_info=True)
-
-    # -- cluster side ----------------------------------------------------------------------
+    # -- attaching to a cluster --------------------------------------------------------------
     def attach(self, client: Any) -> None:
-        """Register the plugins on ``client``'s cluster and listen to its scheduler, once per client.
-
-        An asynchronous client cannot wait here: its registration is scheduled on its
-        loop, so a compute submitted at once may start before the workers have the plugin.
-        """
-        if getattr(client, "status", "") != "running":
+        """Attach ``client`` once; see the module docs. Never raises."""
+        if getattr(client, "status", "") != "running" or not self._claim(client):
             return
-        with self._lock:
-            if client in self._attached:
-                return
-            self._attached.add(client)
         if getattr(client, "asynchronous", False):
-            import asyncio
-
             try:
                 asyncio.ensure_future(self.attach_async(client, claimed=True))
             except RuntimeError:  # no running loop in this thread: the next traced call retries
                 self._attached.discard(client)
             return
         if self._register:
-            for plugin, where in self._plugins():
-                self._registered(where, lambda plugin=plugin: client.register_plugin(plugin, name=PLUGIN_NAME),
-                                 client)
+            _bounded(lambda: self._join(client), CLUSTER_TIMEOUT_S, "registering otel_graph's plugins")
         self._subscribe(client)
 
     async def attach_async(self, client: Any, *, claimed: bool = False) -> None:
-        if not claimed:
-            with self._lock:
-                if client in self._attached:
-                    return
-                self._attached.add(client)
+        if not claimed and not self._claim(client):
+            return
         if self._register:
-            for plugin, where in self._plugins():
-                try:
-                    await client.register_plugin(plugin, name=PLUGIN_NAME)
-                except Exception as exc:
-                    self._attach_failed(where, client, exc)
+            try:
+                await asyncio.wait_for(self._join_async(client), CLUSTER_TIMEOUT_S)
+            except Exception as exc:
+                logger.warning("otel_graph: registering otel_graph's plugins failed: %s", type(exc).__name__)
         self._subscribe(client)
 
-    def _plugins(self) -> list[tuple[Any, str]]:
-        return [(SchedulerTelemetryPlugin(_client_env()), "scheduler"),
-                (WorkerTelemetryPlugin(_client_env()), "workers")]
+    def _claim(self, client: Any) -> bool:
+        with self._lock:
+            if client in self._attached:
+                return False
+            self._attached.add(client)
+            return True
 
-    def _registered(self, where: str, register: Any, client: Any) -> None:
+    def _plugins(self) -> tuple[Any, Any]:
+        env = _client_env()
+        return SchedulerTelemetryPlugin(env), WorkerTelemetryPlugin(env)
+
+    def _join(self, client: Any) -> None:
+        # The plugins are idempotent: a cluster that has them (another client) keeps them as
+        # they are, instead of every new client tearing them down and setting them up.
+        for plugin in self._plugins():
+            client.register_plugin(plugin, name=PLUGIN_NAME)
+        client.run_on_scheduler(join_cluster, client_id=client.id)
+
+    async def _join_async(self, client: Any) -> None:
+        for plugin in self._plugins():
+            await client.register_plugin(plugin, name=PLUGIN_NAME)
+        await client.run_on_scheduler(join_cluster, client_id=client.id)
+
+    def _leave(self, client: Any) -> None:
         try:
-            register()
-        except Exception as exc:
-            self._attach_failed(where, client, exc)
+            client.unsubscribe_topic(TOPIC)
+        except Exception:
+            logger.debug("otel_graph: unsubscribe failed", exc_info=True)
+        if not self._register:
+            return
+        if getattr(client, "asynchronous", False):
+            try:
+                asyncio.ensure_future(self._leave_async(client))
+            except RuntimeError:
+                logger.debug("otel_graph: no loop to leave an asynchronous client's cluster on")
+            return
 
-    def _attach_failed(self, where: str, client: Any, exc: BaseException) -> None:
-        self.attach_errors += 1
-        # The type only: a message could echo the plugin's configuration.
-        logger.warning("otel_graph: no telemetry plugin on the %s of %s (is otel_graph installed there?): %s",
-                       where, getattr(client, "scheduler", "?"), type(exc).__name__)
+        def leave() -> None:
+            if client.run_on_scheduler(leave_cluster, client_id=client.id) == 0:
+                client.unregister_worker_plugin(PLUGIN_NAME)
+                client.unregister_scheduler_plugin(PLUGIN_NAME)
+
+        _bounded(leave, CLUSTER_TIMEOUT_S, "taking otel_graph's plugins off the cluster")
+
+    async def _leave_async(self, client: Any) -> None:
+        if await client.run_on_scheduler(leave_cluster, client_id=client.id) == 0:
+            await client.unregister_worker_plugin(PLUGIN_NAME)
+            await client.unregister_scheduler_plugin(PLUGIN_NAME)
 
     def _subscribe(self, client: Any) -> None:
+        handler = functools.partial(self._on_event, str(client.id), adapter.scheduler_address(client))
         try:
-            client.subscribe_topic(TOPIC, self._on_event)
+            client.subscribe_topic(TOPIC, handler)
         except Exception:
-            self.attach_errors += 1
             logger.debug("otel_graph: could not subscribe to the scheduler's events", exc_info=True)
 
     def flush(self, timeout_s: float) -> bool:
-        """Ask every attached cluster's workers to export what they have; True if all did."""
+        """Ask every attached cluster's workers to export what they have; True if all did in time."""
         ok = True
         for client in list(self._attached):
             # An asynchronous client's workers cannot be waited on from here; they export
             # every second and at teardown regardless.
             if getattr(client, "status", "") != "running" or getattr(client, "asynchronous", False):
                 continue
-            try:
-                results = client.run(flush_worker, timeout_s=timeout_s)
-            except Exception:
-                logger.debug("otel_graph: worker flush failed", exc_info=True)
-                ok = False
-                continue
-            ok = ok and all(results.values())
+            done, results = _bounded(lambda client=client: client.run(flush_worker, timeout_s=timeout_s),
+                                     timeout_s, "flushing the workers")
+            ok = ok and done and all(results.values())
         return ok
 
-    def _on_event(self, event: Any) -> None:
+    def _on_event(self, client_id: str, cluster: str, event: Any) -> None:
         try:
             _, message = event
-            if message.get("op") == "graph":
+            if message.get("op") == "graph" and message.get("client") == client_id:
                 record = self._tracker.find_traceparent(message.get("traceparent"))
                 if record is not None:
                     record.graph_tasks = (record.graph_tasks or 0) + int(message.get("tasks", 0))
             elif message.get("op") == "worker-lost":
-                for record in self._tracker.running():
-                    if record.scheduler == "distributed":
-                        record.span.add_event("dask.worker.lost", {"dask.worker.id": message.get("worker", ""),
-                                                                   "dask.worker.removal": message.get("stimulus_id", "")})
+                self._worker_lost(cluster, message)
         except Exception:
             logger.debug("otel_graph: bad scheduler event", exc_info=True)
+
+    def _worker_lost(self, cluster: str, message: dict) -> None:
+        worker, why = str(message.get("worker", "")), str(message.get("stimulus_id", ""))
+        # Graceful retirement (scaling down) is not a loss; say which it was.
+        name = "dask.worker.retired" if why.startswith("retire-workers") else "dask.worker.lost"
+        for record in self._tracker.running():
+            if record.scheduler != "distributed" or record.cluster != cluster:
+                continue
+            seen = record.cluster_events
+            if (worker, why) in seen:  # several clients of one cluster hear the same event
+                continue
+            seen.add((worker, why))
+            record.span.add_event(name, {"dask.worker.id": worker, "dask.worker.removal": why})
 
     # -- wrappers --------------------------------------------------------------------------
     def _wrap_start(self, original: Any) -> Any:
@@ -242,15 +287,19 @@ class ClusterCapture:
         try:
             self.attach(client)
             record = self._begin()
+            record.cluster = adapter.scheduler_address(client)
+            budget = self._settings.max_task_spans
+            if budget is not None:
+                budget = -(-budget // adapter.client_worker_count(client))
+            note = annotation(record.span.get_span_context(), budget=budget)
         except Exception:
+            if record is not None:
+                self._tracker.end(record, None)
+                record = None
             self._tracker.failed_to_begin()
             logger.debug("otel_graph: could not open a distributed compute span", exc_info=True)
         if record is None:
             return original(client, *args, **kwargs)
-        budget = self._settings.max_task_spans
-        if budget is not None:
-            budget = -(-budget // adapter.client_worker_count(client))
-        note = annotation(record.span.get_span_context(), budget=budget)
         token = _INSIDE.set(True)
         try:
             with dask.annotate(**{ANNOTATION: note}):
@@ -260,13 +309,31 @@ class ClusterCapture:
             raise
         finally:
             _INSIDE.reset(token)
-        if kind == "get" and kwargs.get("sync", True) and inspect.isawaitable(result):
-            return self._end_when_awaited(record, result)  # an asynchronous client's get
-        if (kind == "get" and kwargs.get("sync", True)) or (kind == "compute" and kwargs.get("sync")):
+        try:
+            if kind == "get" and kwargs.get("sync", True) and inspect.isawaitable(result):
+                return self._end_when_awaited(record, result)  # an asynchronous client's get
+            if (kind == "get" and kwargs.get("sync", True)) or (kind == "compute" and kwargs.get("sync")):
+                self._tracker.end(record, None)
+            else:
+                self._end_when_settled(client, record, result)
+        except Exception:
             self._tracker.end(record, None)
-        else:
-            self._end_when_done(record, result)
+            logger.debug("otel_graph: could not watch a compute's futures", exc_info=True)
         return result
+
+    def _begin(self) -> Any:
+        current = trace.get_current_span()
+        inside = parent_span(adapter.current_task_annotation(annotation_name=ANNOTATION))
+        # Inside a task, nest under the task's compute, unless the task's own code opened a
+        # span of that trace. A thread of an in-process worker may carry an unrelated
+        # context (wherever the cluster was started), which must not win.
+        if inside is not None and current.get_span_context().trace_id != inside.get_span_context().trace_id:
+            token = otel_context.attach(trace.set_span_in_context(inside))
+            try:
+                return self._tracker.begin("distributed")
+            finally:
+                otel_context.detach(token)
+        return self._tracker.begin("distributed")
 
     async def _end_when_awaited(self, record: Any, pending: Any) -> Any:
         try:
@@ -277,49 +344,32 @@ class ClusterCapture:
         self._tracker.end(record, None)
         return result
 
-    def _begin(self) -> Any:
-        parent = None
-        if trace.get_current_span() is trace.INVALID_SPAN:
-            # Called from inside a task on a worker: nest under that task's compute.
-            inside = parent_span(adapter.current_task_annotation(annotation_name=ANNOTATION))
-            if inside is not None:
-                parent = trace.set_span_in_context(inside)
-        if parent is None:
-            return self._tracker.begin("distributed")
-        token = otel_context.attach(parent)
-        try:
-            return self._tracker.begin("distributed")
-        finally:
-            otel_context.detach(token)
-
-    def _end_when_done(self, record: Any, result: Any) -> None:
+    def _end_when_settled(self, client: Any, record: Any, result: Any) -> None:
         futures = _futures(result)
         if not futures:
             self._tracker.end(record, None)
             return
         left = [len(futures)]
         lock = threading.Lock()
-        first_error: list[BaseException] = []
+        errors: list[BaseException] = []
 
-        def done(future: Any) -> None:
+        def settled(key: Any, status: str, error: BaseException | None) -> None:
             try:
-                status = future.status
                 if status == "cancelled":
-                    record.span.add_event("dask.future.cancelled", {"dask.task.key": str(future.key)})
-                    error: BaseException | None = CancelledError(f"future {future.key} was cancelled")
-                elif status == "error":
-                    error = adapter.future_error(future) or RuntimeError(f"future {future.key} erred")
-                else:
-                    error = None
-            except BaseException as exc:  # noqa: BLE001 - a failure to read it is still a failure
-                error = exc
+                    record.span.add_event("dask.future.cancelled", {"dask.task.key": str(key)})
+                    error = CancelledError(f"future {key} was cancelled")
+                elif status == "released":
+                    record.span.add_event("dask.future.released", {"dask.task.key": str(key)})
+                elif status == "error" and error is None:
+                    error = RuntimeError(f"future {key} erred")
+            except Exception:
+                logger.debug("otel_graph: could not note a future's end", exc_info=True)
             with lock:
-                if error is not None and not first_error:
-                    first_error.append(error)
+                if error is not None and not errors:
+                    errors.append(error)
                 left[0] -= 1
                 last = left[0] == 0
             if last:
-                self._tracker.end(record, first_error[0] if first_error else None)
+                self._tracker.end(record, errors[0] if errors else None)
 
-        for future in futures:
-            future.add_done_callback(done)
+        adapter.watch_futures(client, futures, settled)

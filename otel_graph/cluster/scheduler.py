@@ -7,8 +7,8 @@ task. :class:`SchedulerTelemetryPlugin` does three things:
   already keeps (O(prefixes + workers), never O(tasks)):
 
   ===========================  ==========  ============================================
-  ``dask.scheduler.tasks``     ``{task}``  ``dask.task.state``
-  ``dask.scheduler.workers``   ``{worker}``
+  ``dask.scheduler.tasks``     ``{task}``  ``dask.task.state``, ``dask.scheduler.address``
+  ``dask.scheduler.workers``   ``{worker}`` ``dask.scheduler.address``
   ``dask.worker.memory.usage`` ``By``      ``dask.worker.id``, ``dask.worker.name``,
                                            ``dask.memory.state``: managed, unmanaged,
                                            spilled
@@ -19,6 +19,9 @@ task. :class:`SchedulerTelemetryPlugin` does three things:
   update brought, for the compute span's ``dask.graph.tasks``.
 * **Per worker removed**, one event, so that open compute spans can say which worker
   was lost mid-graph.
+* It keeps the set of instrumented clients using the cluster (:func:`join_cluster`,
+  :func:`leave_cluster`), so the last one to ``uninstrument()`` takes the plugins off
+  and the others keep theirs.
 
 Events go out on the ``otel-graph`` topic (``Scheduler.log_event``); an instrumented
 client subscribes to it. Where the scheduler runs in a process without otel_graph
@@ -44,27 +47,30 @@ logger = logging.getLogger("otel_graph")
 PLUGIN_NAME = "otel-graph"
 TOPIC = "otel-graph"
 
-_SCHEDULERS: weakref.WeakSet = weakref.WeakSet()
+_SCHEDULERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # scheduler -> our plugin on it
 _GAUGED: weakref.WeakSet = weakref.WeakSet()  # meter providers that already have the gauges
 
 
 def _each_scheduler() -> list[Any]:
-    return list(_SCHEDULERS)
+    # distributed's unregister does not call close(): a scheduler counts while our plugin is on it.
+    return [s for s, plugin in list(_SCHEDULERS.items()) if s.plugins.get(PLUGIN_NAME) is plugin]
 
 
 def _tasks(options: CallbackOptions) -> list[Observation]:
     points = []
     for scheduler in _each_scheduler():
         try:
+            address = str(scheduler.address)
             for state, count in adapter.task_states(scheduler).items():
-                points.append(Observation(count, {"dask.task.state": state}))
+                points.append(Observation(count, {"dask.task.state": state, "dask.scheduler.address": address}))
         except Exception:  # read from the exporter's thread while the loop mutates: skip this one
             continue
     return points
 
 
 def _workers(options: CallbackOptions) -> list[Observation]:
-    return [Observation(adapter.worker_count(s)) for s in _each_scheduler()]
+    return [Observation(adapter.worker_count(s), {"dask.scheduler.address": str(s.address)})
+            for s in _each_scheduler()]
 
 
 def _memory(options: CallbackOptions) -> list[Observation]:
@@ -112,9 +118,12 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
     """Registered on the scheduler by an instrumented client or by ``--preload otel_graph``."""
 
     name = PLUGIN_NAME
+    idempotent = True  # registering again (another client) keeps the one in place
 
     def __init__(self, client_env: dict[str, str] | None = None) -> None:
         self._client_env = dict(client_env or {})
+        #: Instrumented clients using this cluster: the plugins come off when the last leaves.
+        self.clients: set[str] = set()
 
     def __repr__(self) -> str:  # the client's environment may hold exporter credentials
         return "SchedulerTelemetryPlugin()"
@@ -126,36 +135,61 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
 
             adopt_client_env(self._client_env)
             from otel_graph.config import load_settings
-            from otel_graph.instrumentation import SCOPE, ensure_exit_hook, live_providers, providers_for
+            from otel_graph.cluster.worker import process_providers
+            from otel_graph.instrumentation import SCOPE, ensure_exit_hook, live_providers
 
             providers = live_providers()
             if providers is None:
                 settings = load_settings()
                 if settings.sdk_disabled:
                     return
-                providers = providers_for(settings, resource_attributes={"dask.scheduler.address":
-                                                                         str(scheduler.address)})
+                providers = process_providers(settings, {"dask.scheduler.address": str(scheduler.address)})
                 ensure_exit_hook()
             meter = providers.meter_provider.get_meter(SCOPE.name, SCOPE.version)
             observe_scheduler(providers.meter_provider, meter)
-            _SCHEDULERS.add(scheduler)
+            _SCHEDULERS[scheduler] = self
         except Exception as exc:
             logger.warning("otel_graph: scheduler gauges are off: %s", exc)
 
     async def close(self) -> None:
         scheduler = getattr(self, "_scheduler", None)
         if scheduler is not None:
-            _SCHEDULERS.discard(scheduler)
+            _SCHEDULERS.pop(scheduler, None)
 
-    def update_graph(self, scheduler: Any, *, tasks: Any = (), annotations: Any = None, **kwargs: Any) -> None:
+    def update_graph(self, scheduler: Any, *, client: str = "", tasks: Any = (), annotations: Any = None,
+                     **kwargs: Any) -> None:
         ours = (annotations or {}).get(ANNOTATION)
         if not ours:
             return
         note = next(iter(ours.values()), None)
         if isinstance(note, dict):
             scheduler.log_event(TOPIC, {"op": "graph", "traceparent": note.get("traceparent"),
-                                        "tasks": len(tasks)})
+                                        "tasks": len(tasks), "client": str(client)})
+
+    def remove_client(self, scheduler: Any, client: str) -> None:
+        self.clients.discard(client)
 
     def remove_worker(self, scheduler: Any, worker: str, *, stimulus_id: str = "", **kwargs: Any) -> None:
         scheduler.log_event(TOPIC, {"op": "worker-lost", "worker": str(worker), "time": time.time(),
                                     "stimulus_id": str(stimulus_id)})
+
+
+def _our_plugin(dask_scheduler: Any) -> Any:
+    plugin = dask_scheduler.plugins.get(PLUGIN_NAME)
+    return plugin if hasattr(plugin, "clients") else None
+
+
+def join_cluster(dask_scheduler: Any = None, client_id: str = "") -> int:
+    """Run on the scheduler (``Client.run_on_scheduler``) by a client that instruments it."""
+    plugin = _our_plugin(dask_scheduler)
+    if plugin is not None:
+        plugin.clients.add(client_id)
+    return len(plugin.clients) if plugin is not None else 0
+
+
+def leave_cluster(dask_scheduler: Any = None, client_id: str = "") -> int:
+    """The client stops instrumenting: how many instrumented clients are left."""
+    plugin = _our_plugin(dask_scheduler)
+    if plugin is not None:
+        plugin.clients.discard(client_id)
+    return len(plugin.clients) if plugin is not None else 0

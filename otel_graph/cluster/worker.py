@@ -16,8 +16,8 @@ the core task attributes, with ``dask.worker.id`` the worker's address, plus
 ``dask.worker.name``. ``transfer`` (inputs gathered from other workers, with
 ``dask.transfer.source`` and ``dask.transfer.bytes``), ``disk-read`` and ``disk-write``
 (spilling, where distributed timed it above 5 ms) become child spans. A task that allows retries carries
-``dask.task.retries``; a key run more than once on this worker carries
-``dask.task.attempt``.
+``dask.task.retries``; a key run more than once in one compute on this worker
+carries ``dask.task.attempt``.
 
 Spilling is also counted in full, from the worker's own totals, as
 ``dask.worker.spill.io`` (By), ``.operations`` and ``.time`` (s), by
@@ -58,7 +58,7 @@ logger = logging.getLogger("otel_graph")
 PLUGIN_NAME = "otel-graph"
 _RAN = frozenset({"executing", "long-running"})
 _DONE = frozenset({"memory", "error"})
-_MAX_OPEN_TRACES = 256
+_MAX_TRACES = 4096
 _MAX_ATTEMPTS_TRACKED = 100_000
 _WORKER_DRAIN_S = 1.0
 
@@ -79,20 +79,31 @@ class WorkerEvent(NamedTuple):
 
 
 class _Trace:
-    """One compute as seen from this worker: its parent context and its share of the budget."""
+    """One compute as seen from this worker: its parent context and its share of the budget.
 
-    __slots__ = ("parent", "plan", "active")
+    Kept after it settles (a settled plan holds no events), so that tasks of the same
+    compute arriving later spend what is left of its budget rather than a fresh one.
+    """
+
+    __slots__ = ("parent", "plan", "active", "dirty")
 
     def __init__(self, parent: trace.Span, plan: SpanPlan) -> None:
-        self.parent, self.plan, self.active = parent, plan, True
+        self.parent, self.plan, self.active, self.dirty = parent, plan, True, False
+
+    def settle(self) -> None:
+        if self.dirty:
+            self.dirty = False
+            self.plan.finish()
 
 
 class WorkerTelemetry:
     """Per worker: records runs from the event loop, builds telemetry on a thread."""
 
-    def __init__(self, worker: Any, *, providers: Any, settings: Any) -> None:
+    def __init__(self, worker: Any, *, providers: Any, settings: Any, in_process: bool = False) -> None:
         self.address, self.name = adapter.worker_identity(worker)
         self._providers = providers
+        #: A worker in an instrumented process follows that process's live instrumentation.
+        self._in_process = in_process
         self._settings = settings
         self._emitter = providers.emitter
         self._metrics = providers.instruments.task_metrics
@@ -104,6 +115,7 @@ class WorkerTelemetry:
         self._requested = self._completed = 0
         self._stopping = False
         self.record_errors = 0
+        self.claimed = True  # False between a plugin's removal and its replacement's setup
         interval = min(settings.drain_interval_s, _WORKER_DRAIN_S)
         self._interval = interval
         self._thread = threading.Thread(target=self._run, name="otel-graph-worker", daemon=True)
@@ -118,8 +130,11 @@ class WorkerTelemetry:
             return
         if run is None:
             return
+        note = run.annotation
+        trace_key = note.get("traceparent") if isinstance(note, dict) else None
         self._pending.append(WorkerEvent(key, run.start_ns, run.end_ns, self.address, run.thread,
-                                         run.nbytes, run.type_name, run.error, run, self._attempt(key)))
+                                         run.nbytes, run.type_name, run.error, run,
+                                         self._attempt((trace_key, key))))
 
     # -- flush and close ------------------------------------------------------------------
     def flush(self, timeout_s: float, *, export: bool = True) -> bool:
@@ -163,10 +178,30 @@ class WorkerTelemetry:
                 self._completed = target
                 self._wake.notify_all()
 
+    def _follow_live(self) -> bool:
+        """In-process: use the live instrumentation's providers; False when there is none."""
+        from otel_graph.instrumentation import live_providers
+
+        live = live_providers()
+        if live is None:
+            return False
+        if live is not self._providers:
+            self._settle_all()  # what was planned under the old providers goes out through them
+            self._providers, self._emitter = live, live.emitter
+            self._metrics = live.instruments.task_metrics
+        return True
+
+    def _settle_all(self) -> None:
+        for state in self._traces.values():
+            state.settle()
+        self._traces.clear()
+
     def _drain(self, *, settle_all: bool) -> None:
         count = len(self._pending)
         events = self._pending[:count]
         del self._pending[:count]  # appends from the event loop land after `count`
+        if self._in_process and not self._follow_live():
+            return  # the process was uninstrumented: its workers' tasks are not ours to report
         for state in self._traces.values():
             state.active = False
         if events:
@@ -184,11 +219,12 @@ class WorkerTelemetry:
             for traceparent, (group, group_prefixes) in by_trace.items():
                 state = self._trace(traceparent, group[0].run.annotation)
                 if state is not None and state.parent.get_span_context().trace_flags.sampled:
-                    state.active = True
+                    state.active = state.dirty = True
                     state.plan.add(group, group_prefixes)
         # A compute this drain brought nothing of has (probably) ended here: settle it.
-        for traceparent in [tp for tp, state in self._traces.items() if settle_all or not state.active]:
-            self._traces.pop(traceparent).plan.finish()
+        for state in self._traces.values():
+            if settle_all or not state.active:
+                state.settle()
 
     def _trace(self, traceparent: str, note: Any) -> _Trace | None:
         state = self._traces.get(traceparent)
@@ -202,8 +238,8 @@ class WorkerTelemetry:
                         emit=lambda ev, prefix: self._task_span(parent, ev, prefix),
                         emit_aggregate=lambda agg: self._aggregate_span(parent, agg))
         state = self._traces[traceparent] = _Trace(parent, plan)
-        while len(self._traces) > _MAX_OPEN_TRACES:
-            self._traces.popitem(last=False)[1].plan.finish()
+        while len(self._traces) > _MAX_TRACES:
+            self._traces.popitem(last=False)[1].settle()
         return state
 
     def _task_span(self, parent: trace.Span, ev: WorkerEvent, prefix: str) -> None:
@@ -255,12 +291,13 @@ class WorkerTelemetry:
             attributes["dask.task.attempt"] = ev.attempt
         return attributes
 
-    def _attempt(self, key: Any) -> int:
+    def _attempt(self, run_of: tuple[Any, Any]) -> int:
+        """Runs of this key in this compute on this worker (a retry that lands here counts up)."""
         attempts = self._attempts
-        if len(attempts) >= _MAX_ATTEMPTS_TRACKED:
-            attempts.clear()  # bounded: a long-lived worker must not remember every key
-        count = attempts.get(key, 0) + 1
-        attempts[key] = count
+        count = attempts.pop(run_of, 0) + 1
+        attempts[run_of] = count  # most recent last: the oldest go first when full
+        if len(attempts) > _MAX_ATTEMPTS_TRACKED:
+            del attempts[next(iter(attempts))]
         return count
 
 
@@ -294,11 +331,12 @@ def _trace_nested_computes(providers: Any, settings: Any) -> None:
 
 def _start(worker: Any, client_env: dict[str, str]) -> WorkerTelemetry | None:
     from otel_graph.config import load_settings
-    from otel_graph.instrumentation import ensure_exit_hook, live_providers, providers_for
+    from otel_graph.instrumentation import ensure_exit_hook, live_providers
 
     with _ProcessTelemetry.lock:
         current = _ProcessTelemetry.by_worker.get(worker)
         if current is not None:
+            current.claimed = True
             return current
         adopt_client_env(client_env)
         settings = load_settings()
@@ -306,15 +344,60 @@ def _start(worker: Any, client_env: dict[str, str]) -> WorkerTelemetry | None:
             return None
         address, name = adapter.worker_identity(worker)
         providers = live_providers()
+        in_process = providers is not None
         if providers is None:
-            providers = providers_for(settings, resource_attributes={"dask.worker.id": address,
-                                                                     "dask.worker.name": name})
+            providers = process_providers(settings, {"dask.worker.id": address, "dask.worker.name": name})
             _trace_nested_computes(providers, settings)
         ensure_exit_hook()
         telemetry = _ProcessTelemetry.by_worker[worker] = WorkerTelemetry(worker, providers=providers,
-                                                                          settings=settings)
+                                                                          settings=settings, in_process=in_process)
         _observe_spill(providers.meter_provider)
         return telemetry
+
+
+#: Ports tried after OTEL_EXPORTER_PROMETHEUS_PORT when several cluster processes share a host.
+PROMETHEUS_PORT_SPAN = 64
+
+
+def process_providers(settings: Any, resource_attributes: dict[str, Any]) -> Any:
+    """Providers for a worker or scheduler process that otel_graph did not instrument itself.
+
+    With ``OTEL_METRICS_EXPORTER=prometheus``, every process on a host cannot listen on
+    one port: a process that finds it taken takes the next free one (up to
+    :data:`PROMETHEUS_PORT_SPAN` further) and says so, so a scrape of that port range
+    finds every process. Only when none is free do this process's metrics go off; its
+    traces still flow.
+    """
+    from otel_graph.config import ConfigurationError, with_overrides
+    from otel_graph.instrumentation import providers_for
+
+    try:
+        return providers_for(settings, resource_attributes=resource_attributes)
+    except ConfigurationError:
+        if settings.metrics_exporter != "prometheus":
+            raise
+    for offset in range(1, PROMETHEUS_PORT_SPAN + 1):
+        moved = with_overrides(settings, prometheus_port=settings.prometheus_port + offset)
+        try:
+            providers = providers_for(moved, resource_attributes=resource_attributes)
+        except ConfigurationError:
+            continue
+        logger.warning("otel_graph: port %d was taken; this process serves Prometheus metrics on %s:%d",
+                       settings.prometheus_port, moved.prometheus_host, moved.prometheus_port)
+        return providers
+    logger.warning("otel_graph: no free Prometheus port in %d..%d; this process exports traces only",
+                   settings.prometheus_port, settings.prometheus_port + PROMETHEUS_PORT_SPAN)
+    return providers_for(with_overrides(settings, metrics_exporter="none"), resource_attributes=resource_attributes)
+
+
+def _close_if_unclaimed(worker: Any, telemetry: WorkerTelemetry) -> None:
+    import asyncio
+
+    with _ProcessTelemetry.lock:
+        if telemetry.claimed or _ProcessTelemetry.by_worker.get(worker) is not telemetry:
+            return
+        del _ProcessTelemetry.by_worker[worker]
+    asyncio.get_running_loop().run_in_executor(None, telemetry.close, telemetry._settings.exit_timeout_s)
 
 
 def _stop(worker: Any, *, export: bool = True) -> None:
@@ -375,6 +458,7 @@ class WorkerTelemetryPlugin(WorkerPlugin):
     """Registered on every worker; see the module docs. Never raises into the worker."""
 
     name = PLUGIN_NAME
+    idempotent = True  # registering again (another client) keeps the one in place
 
     def __init__(self, client_env: dict[str, str] | None = None) -> None:
         self._client_env = dict(client_env or {})
@@ -397,6 +481,16 @@ class WorkerTelemetryPlugin(WorkerPlugin):
         import asyncio
 
         self._telemetry = None
+        if not adapter.is_closing(worker):
+            # Replaced or removed on a running worker. A replacing plugin's setup runs next,
+            # on this same loop turn (returning without awaiting keeps it so, and no task
+            # finishes unseen in between): it takes the telemetry over. If none does by the
+            # next turn, the plugin was removed, and the telemetry is closed.
+            telemetry = _ProcessTelemetry.by_worker.get(worker)
+            if telemetry is not None:
+                telemetry.claimed = False
+                asyncio.get_running_loop().call_soon(_close_if_unclaimed, worker, telemetry)
+            return
         # Off the event loop: the final flush may wait on the collector.
         await asyncio.get_running_loop().run_in_executor(None, _stop, worker)
 

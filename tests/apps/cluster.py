@@ -7,11 +7,12 @@ Configured the user's way, through OTEL_* variables, plus arguments:
 ``--attach``             pass the client: instrument_scheduler(client=client)
 ``--scheduler ADDR``     connect to a running scheduler instead of a LocalCluster
 ``--workload NAME``      sum (default), fail, transfer, spill, persist, kill, many,
-                         retry, map, nested
+                         retry, map, nested, slow, pause
 ``--memory-limit TEXT``  per-worker memory limit (for spill)
 ``--parent``             run the compute inside a span of the app's own
 ``--flush``              call handle.flush() before closing the client, print FLUSHED
 ``--wait-workers N``     wait for N workers first (with --scheduler)
+``--flush-timeout S``    the flush's timeout (default 30)
 ``--hold``               after the work, print HOLDING and wait for a line on stdin
 
 It prints RESULT (or FAILED with the exception type), TRACE_ID/PARENT_SPAN_ID under
@@ -48,6 +49,13 @@ def nested(n: int) -> int:
 
     graph = {f"inner-{i}": (inc, i) for i in range(n)}
     return sum(get_client().get(graph, list(graph)))
+
+
+def nap(seconds: float) -> float:
+    import time
+
+    time.sleep(seconds)
+    return seconds
 
 
 def flaky(x: int) -> int:
@@ -106,6 +114,11 @@ def workload(client: Client, name: str, workers: list[str]) -> object:
     if name == "nested":
         # A task that computes a graph of its own, from inside a worker process.
         return client.get({"outer-0": (nested, 3)}, "outer-0")
+    if name == "slow":
+        graph = {f"nap-{i}": (nap, 1.2) for i in range(6)}
+        return len(client.get(graph, list(graph)))
+    if name == "pause":
+        return client.get({"inc-0": (inc, 1)}, "inc-0")
     if name == "persist":
         x = dask.delayed(operator.add)(1, 2, dask_key_name="add-1")
         (persisted,) = client.persist([x])
@@ -125,6 +138,7 @@ def main() -> None:
     parser.add_argument("--flush", action="store_true")
     parser.add_argument("--wait-workers", type=int, default=0)
     parser.add_argument("--hold", action="store_true")
+    parser.add_argument("--flush-timeout", type=float, default=30.0)
     args = parser.parse_args()
 
     import otel_graph
@@ -164,8 +178,22 @@ def main() -> None:
         print("RESULT", result, flush=True)
     except Exception as exc:
         print("FAILED", type(exc).__name__, exc, flush=True)
-    if args.flush:
-        print("FLUSHED", handle.flush(timeout_s=30), flush=True)
+    if args.workload == "pause":
+        # One worker stops answering (SIGSTOP): flush must give up on it within its timeout.
+        import os
+        import signal
+        import time
+
+        pid = client.run(os.getpid, workers=[workers[0]])[workers[0]]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            print("FLUSHED", handle.flush(timeout_s=args.flush_timeout), flush=True)
+            print("FLUSH_SECONDS", time.monotonic() - started, flush=True)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    elif args.flush:
+        print("FLUSHED", handle.flush(timeout_s=args.flush_timeout), flush=True)
     if args.hold:
         print("HOLDING", flush=True)
         sys.stdin.readline()
