@@ -379,9 +379,10 @@ def external_cluster(tmp_path):
 
 def test_workers_without_otel_settings_use_the_clients_and_never_log_credentials(receiver, external_cluster):
     client_env = env_for(receiver, OTEL_EXPORTER_OTLP_HEADERS="authorization=Bearer%20s3cret-token")
-    bare = _without_otel(client_env)
+    # Every log at its most verbose, so that a leak at debug level shows too.
+    bare = {**_without_otel(client_env), "DASK_LOGGING__DISTRIBUTED": "debug"}
     address = external_cluster(scheduler_env=bare, worker_env=bare)
-    app = run_app("--scheduler", address, "--wait-workers", "2", "--flush", env=client_env)
+    app = run_app("--scheduler", address, "--wait-workers", "2", "--flush", "--debug-logs", env=client_env)
     assert app.value("RESULT") == str(sum(range(1, 21)))
     root, spans = trace_of(receiver, expect_tasks=21)
     tasks = task_spans(spans, root)

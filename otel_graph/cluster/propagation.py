@@ -63,3 +63,32 @@ def parent_span(note: Any) -> trace.Span | None:
 def budget_of(note: Any) -> int | None:
     value = note.get("budget") if isinstance(note, dict) else None
     return value if isinstance(value, int) and value >= 0 else None
+
+
+def seal_env(env: dict[str, str]) -> bytes:
+    """The client's ``OTEL_*`` settings as they travel inside a plugin: compressed.
+
+    distributed logs whole messages at DEBUG, pickled plugins included; compressed, the
+    settings (exporter headers carry credentials) never appear there as text. This keeps
+    them out of logs; it is not encryption (secure the cluster's comms with TLS for that).
+
+    >>> unseal_env(seal_env({"OTEL_EXPORTER_OTLP_HEADERS": "authorization=secret"}))
+    {'OTEL_EXPORTER_OTLP_HEADERS': 'authorization=secret'}
+    >>> b"secret" in seal_env({"OTEL_EXPORTER_OTLP_HEADERS": "authorization=secret"})
+    False
+    """
+    import json
+    import zlib
+
+    return zlib.compress(json.dumps(env).encode(), 9)
+
+
+def unseal_env(sealed: bytes) -> dict[str, str]:
+    import json
+    import zlib
+
+    try:
+        env = json.loads(zlib.decompress(sealed))
+    except Exception:
+        return {}
+    return {str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {}

@@ -40,7 +40,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from otel_graph.cluster import adapter
-from otel_graph.cluster.propagation import ANNOTATION
+from otel_graph.cluster.propagation import ANNOTATION, seal_env, unseal_env
 
 logger = logging.getLogger("otel_graph")
 
@@ -121,7 +121,7 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
     idempotent = True  # registering again (another client) keeps the one in place
 
     def __init__(self, client_env: dict[str, str] | None = None) -> None:
-        self._client_env = dict(client_env or {})
+        self._sealed_env = seal_env(dict(client_env or {}))
         #: Instrumented clients using this cluster: the plugins come off when the last leaves.
         self.clients: set[str] = set()
 
@@ -133,7 +133,7 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
         try:
             from otel_graph.cluster.worker import adopt_client_env
 
-            adopt_client_env(self._client_env)
+            adopt_client_env(unseal_env(self._sealed_env))
             from otel_graph.config import load_settings
             from otel_graph.cluster.worker import process_providers
             from otel_graph.instrumentation import SCOPE, ensure_exit_hook, live_providers

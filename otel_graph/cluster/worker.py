@@ -48,7 +48,7 @@ from opentelemetry import trace
 from opentelemetry.metrics import Observation
 
 from otel_graph.cluster import adapter
-from otel_graph.cluster.propagation import ANNOTATION, budget_of, parent_span
+from otel_graph.cluster.propagation import ANNOTATION, budget_of, parent_span, seal_env, unseal_env
 from otel_graph.events import ErrorInfo, task_prefix
 from otel_graph.policy import Aggregate, SpanPlan
 from otel_graph.spans import aggregate_attributes, function_names, key_text
@@ -461,7 +461,7 @@ class WorkerTelemetryPlugin(WorkerPlugin):
     idempotent = True  # registering again (another client) keeps the one in place
 
     def __init__(self, client_env: dict[str, str] | None = None) -> None:
-        self._client_env = dict(client_env or {})
+        self._sealed_env = seal_env(dict(client_env or {}))
         self._telemetry: WorkerTelemetry | None = None
         self._worker: Any = None
 
@@ -471,7 +471,7 @@ class WorkerTelemetryPlugin(WorkerPlugin):
     def setup(self, worker: Any) -> None:
         self._worker = worker
         try:
-            self._telemetry = _start(worker, self._client_env)
+            self._telemetry = _start(worker, unseal_env(self._sealed_env))
         except Exception as exc:
             # A bad configuration here must not take the worker down; say so once, without values.
             logger.warning("otel_graph: telemetry is off on worker %s: %s", getattr(worker, "address", "?"),

@@ -13,6 +13,7 @@ Configured the user's way, through OTEL_* variables, plus arguments:
 ``--flush``              call handle.flush() before closing the client, print FLUSHED
 ``--wait-workers N``     wait for N workers first (with --scheduler)
 ``--flush-timeout S``    the flush's timeout (default 30)
+``--debug-logs``         log everything at DEBUG to stderr
 ``--hold``               after the work, print HOLDING and wait for a line on stdin
 
 It prints RESULT (or FAILED with the exception type), TRACE_ID/PARENT_SPAN_ID under
@@ -139,7 +140,12 @@ def main() -> None:
     parser.add_argument("--wait-workers", type=int, default=0)
     parser.add_argument("--hold", action="store_true")
     parser.add_argument("--flush-timeout", type=float, default=30.0)
+    parser.add_argument("--debug-logs", action="store_true")
     args = parser.parse_args()
+    if args.debug_logs:
+        import logging
+
+        logging.basicConfig(level=logging.DEBUG)
 
     import otel_graph
 
