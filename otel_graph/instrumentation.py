@@ -54,6 +54,8 @@ class _Process:
     owned: OwnedSdk | None = None
     exit_hook = False
     meters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+    #: Counts of tasks folded into aggregate spans by parts with no handle (cluster workers).
+    aggregated_sources: list = []
 
 
 def _is_sdk_tracer_provider(provider: Any) -> bool:
@@ -101,8 +103,20 @@ class _MeterInstruments:
             handle = _Process.live
             return handle if handle is not None and handle._meter_provider is provider_ref() else None
 
+        def delivery() -> dict[str, int]:
+            handle = live()
+            if handle is not None:
+                return handle.stats()
+            owned = _Process.owned
+            # A worker or scheduler process: nothing instrumented here, but our SDK exports.
+            if owned is not None and owned.meter_provider is provider_ref():
+                current = owned.stats()
+                current["tasks_aggregated"] = sum(source() for source in _Process.aggregated_sources)
+                return current
+            return {}
+
         observe_memory(meter, lambda: live()._held() if live() else [])
-        observe_delivery(meter, lambda: live().stats() if live() else {})
+        observe_delivery(meter, delivery)
 
     def start_readings(self, *, gpu: bool) -> None:
         if not self._resources:
@@ -317,6 +331,13 @@ def live_providers() -> Providers | None:
 
 
 _EXIT_HOOK_LOCK = threading.Lock()
+
+
+def add_aggregated_source(source: Any) -> None:
+    """Count tasks that a part without a handle (a cluster worker) folds into aggregates."""
+    with _EXIT_HOOK_LOCK:
+        if source not in _Process.aggregated_sources:
+            _Process.aggregated_sources.append(source)
 
 
 def ensure_exit_hook() -> None:

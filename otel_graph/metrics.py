@@ -155,6 +155,8 @@ def observe_delivery(meter: Meter, stats: Callable[[], dict[str, Any]]) -> None:
     def counter(name: str, key: str, unit: str, description: str, error_key: str | None) -> None:
         def observe(options: CallbackOptions) -> Iterable[Observation]:
             current = stats()
+            if not current:  # nothing of ours exports through this provider right now
+                return []
             points = [Observation(current.get(key, 0), {})]
             if error_key is not None:
                 points.append(Observation(current.get(error_key, 0), {"error.type": "undelivered"}))

@@ -144,6 +144,16 @@ def test_task_metrics_and_readings_come_from_every_worker(receiver):
     assert {(w, s) for w in workers for s in ("managed", "unmanaged", "spilled")} <= states
     assert {p["attributes"]["dask.worker.id"] for p in points("dask.worker.memory.limit")} == workers
 
+    # Each worker reports its own delivery: the spans it exported (and none undelivered).
+    def delivered(r: OtlpReceiver) -> bool:
+        exported = {p["resource"].get("dask.worker.id") for p in r.metrics()
+                    if p["name"] == "otel.sdk.exporter.span.exported" and not p["attributes"] and p["value"] > 0}
+        return workers <= exported
+
+    assert receiver.wait_for(delivered, timeout_s=30)
+    assert not [p for p in points("otel.sdk.exporter.span.exported")
+                if p["attributes"].get("error.type") and p["value"] > 0]
+
 
 def test_failed_task_carries_the_workers_exception(receiver):
     app = run_app("--workload", "fail", "--flush", env=env_for(receiver))

@@ -115,6 +115,7 @@ class WorkerTelemetry:
         self._requested = self._completed = 0
         self._stopping = False
         self.record_errors = 0
+        self.tasks_aggregated = 0
         self.claimed = True  # False between a plugin's removal and its replacement's setup
         interval = min(settings.drain_interval_s, _WORKER_DRAIN_S)
         self._interval = interval
@@ -258,6 +259,7 @@ class WorkerTelemetry:
                                    end_ns=phase.end_ns, attributes=attributes)
 
     def _aggregate_span(self, parent: trace.Span, agg: Aggregate) -> None:
+        self.tasks_aggregated += agg.count
         attributes = aggregate_attributes(agg)
         attributes["dask.worker.id"] = self.address
         self._emitter.emit(parent=parent, name=agg.prefix, start_ns=agg.start_ns, end_ns=agg.end_ns,
@@ -331,7 +333,7 @@ def _trace_nested_computes(providers: Any, settings: Any) -> None:
 
 def _start(worker: Any, client_env: dict[str, str]) -> WorkerTelemetry | None:
     from otel_graph.config import load_settings
-    from otel_graph.instrumentation import ensure_exit_hook, live_providers
+    from otel_graph.instrumentation import add_aggregated_source, ensure_exit_hook, live_providers
 
     with _ProcessTelemetry.lock:
         current = _ProcessTelemetry.by_worker.get(worker)
@@ -349,6 +351,7 @@ def _start(worker: Any, client_env: dict[str, str]) -> WorkerTelemetry | None:
             providers = process_providers(settings, {"dask.worker.id": address, "dask.worker.name": name})
             _trace_nested_computes(providers, settings)
         ensure_exit_hook()
+        add_aggregated_source(_tasks_aggregated)
         telemetry = _ProcessTelemetry.by_worker[worker] = WorkerTelemetry(worker, providers=providers,
                                                                           settings=settings, in_process=in_process)
         _observe_spill(providers.meter_provider)
@@ -388,6 +391,10 @@ def process_providers(settings: Any, resource_attributes: dict[str, Any]) -> Any
     logger.warning("otel_graph: no free Prometheus port in %d..%d; this process exports traces only",
                    settings.prometheus_port, settings.prometheus_port + PROMETHEUS_PORT_SPAN)
     return providers_for(with_overrides(settings, metrics_exporter="none"), resource_attributes=resource_attributes)
+
+
+def _tasks_aggregated() -> int:
+    return sum(t.tasks_aggregated for t in list(_ProcessTelemetry.by_worker.values()))
 
 
 def _close_if_unclaimed(worker: Any, telemetry: WorkerTelemetry) -> None:
