@@ -3,6 +3,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed-test
+SYSTEM := $(VENV)/.system-packages
+# Debian packages the tests drive for real: chromium (the HTML report in a headless browser).
+DEBIAN_PACKAGES := chromium
 
 .PHONY: test demo venv bench clean
 
@@ -14,9 +17,18 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PIP) install -q -e '.[test]'
 	touch $@
 
+$(SYSTEM): | $(PY)
+	@missing=""; for p in $(DEBIAN_PACKAGES); do command -v $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -z "$$missing" ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing Debian packages:$$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	else echo "not root or no apt-get: install$$missing yourself, or the tests that need them are skipped"; fi
+	touch $@
+
 venv: $(STAMP)
 
-test: $(STAMP)
+test: $(STAMP) $(SYSTEM)
 	$(PY) -m pytest
 
 bench: $(STAMP)
@@ -24,7 +36,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_distributed.py
 
 demo: $(STAMP)
-	$(PY) -m otel_graph.demo
+	$(VENV)/bin/otel-graph demo
 
 clean:
 	rm -rf $(VENV) .pytest_cache otel-graph-out

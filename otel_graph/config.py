@@ -33,6 +33,7 @@ OTEL_GRAPH_EXIT_TIMEOUT = "OTEL_GRAPH_EXIT_TIMEOUT"
 OTEL_GRAPH_DRAIN_INTERVAL = "OTEL_GRAPH_DRAIN_INTERVAL"
 OTEL_GRAPH_RESOURCES = "OTEL_GRAPH_RESOURCES"
 OTEL_GRAPH_GPU = "OTEL_GRAPH_GPU"
+OTEL_GRAPH_FILE_DIR = "OTEL_GRAPH_FILE_DIR"
 
 OWN_VARIABLES: Mapping[str, str] = {
     OTEL_GRAPH_MAX_TASK_SPANS: "Task spans per compute before tasks are folded into one "
@@ -45,6 +46,8 @@ OWN_VARIABLES: Mapping[str, str] = {
     "into spans, so long jobs show up while they run. Default 2.",
     OTEL_GRAPH_RESOURCES: "`true`/`false`: publish CPU, memory and GPU readings. Default true.",
     OTEL_GRAPH_GPU: "`true`/`false`: read GPUs through NVML. Default true.",
+    OTEL_GRAPH_FILE_DIR: "Directory of `traces.jsonl` and `metrics.jsonl` (OTLP JSON lines) when "
+    "OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER is `otlp_file`. Default `otel-graph-out`.",
 }
 
 # --- standard variables we validate -------------------------------------------
@@ -55,8 +58,8 @@ _CHOICES: Mapping[str, tuple[str, ...]] = {
     "OTEL_EXPORTER_OTLP_COMPRESSION": ("gzip", "none", "deflate"),
     "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": ("gzip", "none", "deflate"),
     "OTEL_EXPORTER_OTLP_METRICS_COMPRESSION": ("gzip", "none", "deflate"),
-    "OTEL_TRACES_EXPORTER": ("otlp", "console", "none"),
-    "OTEL_METRICS_EXPORTER": ("otlp", "console", "none", "prometheus"),
+    "OTEL_TRACES_EXPORTER": ("otlp", "console", "none", "otlp_file"),
+    "OTEL_METRICS_EXPORTER": ("otlp", "console", "none", "prometheus", "otlp_file"),
     "OTEL_TRACES_SAMPLER": (
         "always_on",
         "always_off",
@@ -211,6 +214,7 @@ class Settings:
     metric_export_interval_ms: float = DEFAULT_METRIC_EXPORT_INTERVAL_MS
     prometheus_host: str = "localhost"
     prometheus_port: int = 9464
+    file_dir: str = "otel-graph-out"
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -261,6 +265,7 @@ def load_settings(env: Mapping[str, str] | None = None, **options: Any) -> Setti
         metric_export_interval_ms=float(interval) if interval else DEFAULT_METRIC_EXPORT_INTERVAL_MS,
         prometheus_host=env.get("OTEL_EXPORTER_PROMETHEUS_HOST", "localhost"),
         prometheus_port=int(env.get("OTEL_EXPORTER_PROMETHEUS_PORT", "9464")),
+        file_dir=env.get(OTEL_GRAPH_FILE_DIR, "").strip() or "otel-graph-out",
     )
 
 

@@ -1,4 +1,4 @@
-"""A demo of what otel_graph records: ``python -m otel_graph.demo`` (``make demo``).
+"""A demo of what otel_graph records: ``otel-graph demo`` (``make demo``).
 
 It runs the example of dask's diagnostics documentation (a random 10000x1000 array,
 its QR decomposition and the product rebuilt) and a small pipeline in which one task
@@ -6,21 +6,27 @@ fails on purpose, with a ProgressBar, all under ``instrument_scheduler()``.
 
 * If an OTLP collector answers at the configured endpoint (``OTEL_EXPORTER_OTLP_ENDPOINT``,
   default ``localhost:4317``), the telemetry goes there.
-* Otherwise it is kept in memory by the SDK and summarised here: per task prefix, the
-  tasks, time, share of the total and output size, which is what a Jaeger search or
-  the Grafana dashboards would show.
+* Otherwise the embedded default applies: telemetry is written to
+  ``./otel-graph-out/`` as OTLP JSON lines (:mod:`otel_graph.otlp_json`), and the demo
+  prints the report on it (:mod:`otel_graph.report`) and writes ``report.html``.
 """
 
 from __future__ import annotations
 
 import os
 import socket
-from collections import defaultdict
+import sys
+from pathlib import Path
 from urllib.parse import urlparse
 
 
+def _endpoint() -> str:
+    return os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get(
+        "OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4317")
+
+
 def _collector_answers(timeout_s: float = 0.5) -> str | None:
-    endpoint = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4317")
+    endpoint = _endpoint()
     parsed = urlparse(endpoint if "://" in endpoint else f"http://{endpoint}")
     host, port = parsed.hostname or "localhost", parsed.port or 4317
     try:
@@ -59,51 +65,44 @@ def sum_of(values: list) -> object:
     return dask.delayed(sum)(values)
 
 
-def _summarise(spans: list) -> None:
-    tasks: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0, 0])
-    for span in spans:
-        if span.name == "dask.compute":
-            continue
-        count = span.attributes.get("dask.task.count", 1)
-        seconds = span.attributes.get("dask.task.duration.sum", (span.end_time - span.start_time) / 1e9)
-        row = tasks[span.name]
-        row[0] += count
-        row[1] += seconds
-        row[2] += span.attributes.get("dask.task.nbytes", 0)
-        row[3] += 1 if span.status.status_code.name == "ERROR" else 0
-    total = sum(row[1] for row in tasks.values()) or 1.0
-    print(f"\n{'prefix':<28}{'tasks':>7}{'time s':>10}{'%':>7}{'output MB':>11}{'errors':>8}")
-    for prefix, (count, seconds, nbytes, errors) in sorted(tasks.items(), key=lambda item: -item[1][1]):
-        print(f"{prefix:<28}{count:>7}{seconds:>10.3f}{100 * seconds / total:>7.1f}{nbytes / 1e6:>11.1f}{errors:>8}")
+def run(*, out_dir: Path, html: bool = True) -> int:
+    """The demo; returns the process exit code."""
+    endpoint = _collector_answers()
+    if not endpoint:
+        # The embedded default: OTLP JSON files, which the report then reads.
+        os.environ["OTEL_TRACES_EXPORTER"] = os.environ["OTEL_METRICS_EXPORTER"] = "otlp_file"
+        os.environ["OTEL_GRAPH_FILE_DIR"] = str(out_dir)
+        for name in ("traces.jsonl", "metrics.jsonl"):
+            (out_dir / name).unlink(missing_ok=True)  # this run's telemetry only
+    import otel_graph
+
+    handle = otel_graph.instrument_scheduler()
+    _workload()
+    delivered = handle.flush(timeout_s=30)
+    handle.uninstrument()
+    if endpoint:
+        print(f"\ntelemetry sent to the collector at {endpoint} "
+              f"({'all delivered' if delivered else 'not all delivered'})")
+        print("traces: http://localhost:16686 (Jaeger)   dashboards: http://localhost:3000 (Grafana)")
+        return 0
+    from otel_graph.report import load, render, write_html
+
+    files = [out_dir / "traces.jsonl", out_dir / "metrics.jsonl"]
+    print(f"\nno collector answers at {_endpoint()}: telemetry was written to {out_dir}/ as OTLP JSON lines")
+    loaded = load(files)
+    print()
+    render(loaded, sys.stdout)
+    if html:
+        page = out_dir / "report.html"
+        write_html(loaded, page)
+        print(f"\nHTML report: {page}")
+    print(f"traces: {files[0]}\nmetrics: {files[1]}")
+    print(f"again: otel-graph report {files[0]} {files[1]} --html report.html")
+    return 0
 
 
 def main() -> None:
-    import otel_graph
-
-    endpoint = _collector_answers()
-    if endpoint:
-        handle = otel_graph.instrument_scheduler()
-        _workload()
-        delivered = handle.flush(timeout_s=30)
-        print(f"\ntelemetry sent to the collector at {endpoint} ({'all delivered' if delivered else 'not all delivered'})")
-        print("traces: http://localhost:16686 (Jaeger)   dashboards: http://localhost:3000 (Grafana)")
-        return
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-    print("no collector answers; keeping telemetry in memory for this demo")
-    exporter, provider = InMemorySpanExporter(), TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    with otel_graph.instrument_scheduler(tracer_provider=provider,
-                                         meter_provider=MeterProvider(metric_readers=[InMemoryMetricReader()])):
-        _workload()
-    spans = list(exporter.get_finished_spans())
-    computes = [s for s in spans if s.name == "dask.compute"]
-    print(f"\n{len(computes)} computes traced, {len(spans) - len(computes)} task and aggregate spans")
-    _summarise(spans)
+    sys.exit(run(out_dir=Path("otel-graph-out")))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,9 @@ What it builds, from the standard variables:
   ``console`` export every ``OTEL_METRIC_EXPORT_INTERVAL`` ms (default here 1000, as
   often as dask's ResourceProfiler samples, rather than the SDK's 60000), and
   ``prometheus`` serves ``/metrics`` on ``OTEL_EXPORTER_PROMETHEUS_HOST``/``_PORT``
-  (default ``localhost:9464``).
+  (default ``localhost:9464``);
+* ``otlp_file`` for either signal: OTLP JSON lines under ``OTEL_GRAPH_FILE_DIR``
+  (:mod:`otel_graph.otlp_json`), the embedded default of ``otel-graph demo``.
 
 Neither provider registers the SDK's own exit hook, which would block up to 30 s on a
 hung collector: :meth:`OwnedSdk.deliver_at_exit` bounds that instead.
@@ -33,6 +35,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from opentelemetry.sdk.metrics import MeterProvider
@@ -68,6 +71,10 @@ def _span_exporter(settings: Settings) -> SpanExporter | None:
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
         return ConsoleSpanExporter()
+    if settings.traces_exporter == "otlp_file":
+        from otel_graph.otlp_json import OtlpJsonSpanExporter
+
+        return OtlpJsonSpanExporter(Path(settings.file_dir) / "traces.jsonl")
     from otel_graph.otlp_fast import otlp_span_exporter
 
     return otlp_span_exporter(protocol=otlp_protocol("traces"))
@@ -78,6 +85,10 @@ def _metric_exporter(settings: Settings) -> Any:
         from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
 
         return ConsoleMetricExporter()
+    if settings.metrics_exporter == "otlp_file":
+        from otel_graph.otlp_json import OtlpJsonMetricExporter
+
+        return OtlpJsonMetricExporter(Path(settings.file_dir) / "metrics.jsonl")
     if otlp_protocol("metrics") == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
     else:

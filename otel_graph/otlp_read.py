@@ -1,0 +1,233 @@
+"""Reading OTLP JSON lines files, streamed: ours, or a collector's ``file`` exporter output.
+
+Each line is one export request; a line may hold spans (``resourceSpans``), metric
+points (``resourceMetrics``) or logs (skipped). Files are read line by line, and each
+span keeps only what the analyses use, so a 10^6-span file fits in memory easily.
+Nothing in a file is executed or unpickled: it is data.
+
+>>> import json, tempfile, pathlib
+>>> line = {"resourceSpans": [{"resource": {"attributes": [
+...     {"key": "service.name", "value": {"stringValue": "etl"}}]},
+...     "scopeSpans": [{"spans": [{"traceId": "ab", "spanId": "01", "name": "inc",
+...     "startTimeUnixNano": "10", "endTimeUnixNano": "25",
+...     "attributes": [{"key": "dask.task.key", "value": {"stringValue": "('inc', 0)"}}]}]}]}]}
+>>> path = pathlib.Path(tempfile.mkdtemp()) / "t.jsonl"
+>>> _ = path.write_text(json.dumps(line) + "\\n")
+>>> (span,) = TelemetryFile.open(path).spans()
+>>> span.name, span.duration_ns, span.attributes["dask.task.key"], span.resource["service.name"]
+('inc', 15, "('inc', 0)", 'etl')
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+#: Span attributes the analyses read; the rest are dropped as lines are read.
+KEPT_ATTRIBUTES = frozenset({
+    "dask.task.key", "dask.task.prefix", "dask.worker.id", "dask.worker.name", "thread.id",
+    "dask.task.nbytes", "dask.task.type", "dask.task.dependencies", "dask.task.dependency_count",
+    "dask.task.count", "dask.task.aggregate", "dask.task.duration.sum", "dask.task.duration.max",
+    "dask.scheduler", "dask.graph.tasks", "error.type", "dask.transfer.bytes", "dask.transfer.source",
+})
+KEPT_RESOURCE = frozenset({"service.name", "service.instance.id", "host.name", "process.pid",
+                           "dask.worker.id", "dask.worker.name"})
+ERROR = 2
+
+
+class BadTelemetryFile(ValueError):
+    """A file that cannot be read as OTLP JSON; the message names the file and line."""
+
+
+class Span(NamedTuple):
+    trace_id: str
+    span_id: str
+    parent_id: str
+    name: str
+    start_ns: int
+    end_ns: int
+    attributes: dict[str, Any]
+    status_code: int
+    resource: dict[str, Any]
+
+    @property
+    def duration_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+    @property
+    def failed(self) -> bool:
+        return self.status_code == ERROR
+
+
+class Point(NamedTuple):
+    name: str
+    time_ns: int
+    value: float
+    attributes: dict[str, Any]
+    resource: dict[str, Any]
+
+
+def any_value(value: dict[str, Any]) -> Any:
+    """An OTLP/JSON ``AnyValue`` as a Python value."""
+    for kind, item in value.items():
+        if kind == "stringValue" or kind == "boolValue":
+            return item
+        if kind == "intValue":
+            return int(item)
+        if kind == "doubleValue":
+            return float(item)
+        if kind == "arrayValue":
+            return [any_value(v) for v in item.get("values", ())]
+        if kind == "kvlistValue":
+            return {kv["key"]: any_value(kv.get("value", {})) for kv in item.get("values", ())}
+        if kind == "bytesValue":
+            return item
+    return None
+
+
+def _attributes(items: list[dict[str, Any]], kept: frozenset[str] | None = None) -> dict[str, Any]:
+    if kept is None:
+        return {kv["key"]: any_value(kv.get("value", {})) for kv in items}
+    return {kv["key"]: any_value(kv["value"]) for kv in items if kv["key"] in kept}
+
+
+def _loader() -> Any:
+    try:  # about four times faster, where installed (the `report` extra)
+        import orjson
+
+        return orjson.loads
+    except ImportError:
+        return json.loads
+
+
+_loads = _loader()
+
+
+class TelemetryFile:
+    """One OTLP JSON lines file; iterate its spans or metric points."""
+
+    def __init__(self, path: Path, *, progress: Callable[[int], None] | None = None) -> None:
+        self.path = path
+        self._progress = progress
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], *, progress: Callable[[int], None] | None = None) -> TelemetryFile:
+        path = Path(path)
+        if not path.exists():
+            raise BadTelemetryFile(f"{path}: no such file")
+        if not path.is_file():
+            raise BadTelemetryFile(f"{path}: not a file")
+        return cls(path, progress=progress)
+
+    def _requests(self) -> Iterator[dict[str, Any]]:
+        try:
+            handle = self.path.open("rb")
+        except OSError as exc:
+            raise BadTelemetryFile(f"{self.path}: cannot read: {exc.strerror}") from None
+        with handle:
+            done = 0
+            for number, raw in enumerate(handle, 1):
+                done += len(raw)
+                if self._progress is not None:
+                    self._progress(len(raw))
+                if not raw.strip():
+                    continue
+                try:
+                    request = _loads(raw)
+                except ValueError as exc:
+                    reason = getattr(exc, "msg", None) or str(exc).split(":")[0]
+                    raise BadTelemetryFile(f"{self.path}:{number}: not JSON ({reason})") from None
+                if not isinstance(request, dict) or not (
+                        {"resourceSpans", "resourceMetrics", "resourceLogs"} & request.keys()):
+                    raise BadTelemetryFile(f"{self.path}:{number}: not an OTLP JSON export request "
+                                           "(no resourceSpans, resourceMetrics or resourceLogs)")
+                yield request
+
+    def read(self, *, point_names: tuple[str, ...] = ()) -> tuple[list[Span], list[Point]]:
+        """Spans and (those named with one of ``point_names``'s prefixes) metric points, in one pass."""
+        spans: list[Span] = []
+        points: list[Point] = []
+        # Millions of small acyclic objects: the cyclic collector would rescan them over and
+        # over as they pile up (a third of the time on 10^6 spans) and find nothing.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            for number, request in enumerate(self._requests(), 1):
+                try:
+                    spans.extend(_spans_of(request))
+                    if point_names:
+                        points.extend(p for p in _points_of(request) if p.name.startswith(point_names))
+                except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                    raise BadTelemetryFile(f"{self.path}: request {number}: malformed data ({exc!r})") from None
+        finally:
+            if collecting:
+                gc.enable()
+        return spans, points
+
+    def spans(self) -> Iterator[Span]:
+        for number, request in enumerate(self._requests(), 1):
+            try:
+                yield from _spans_of(request)
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise BadTelemetryFile(f"{self.path}: request {number}: malformed span data ({exc!r})") from None
+
+    def points(self) -> Iterator[Point]:
+        for number, request in enumerate(self._requests(), 1):
+            try:
+                yield from _points_of(request)
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise BadTelemetryFile(f"{self.path}: request {number}: malformed metric data ({exc!r})") from None
+
+
+def _spans_of(request: dict[str, Any]) -> Iterator[Span]:
+    for resource_spans in request.get("resourceSpans", ()):
+        resource = _attributes(resource_spans.get("resource", {}).get("attributes", ()), KEPT_RESOURCE)
+        for scope_spans in resource_spans.get("scopeSpans", ()):
+            for span in scope_spans.get("spans", ()):
+                yield Span(
+                    span["traceId"], span["spanId"], span.get("parentSpanId", ""), span.get("name", ""),
+                    int(span["startTimeUnixNano"]), int(span["endTimeUnixNano"]),
+                    _attributes(span.get("attributes", ()), KEPT_ATTRIBUTES),
+                    int(span.get("status", {}).get("code", 0)), resource,
+                )
+
+
+def _points_of(request: dict[str, Any]) -> Iterator[Point]:
+    for resource_metrics in request.get("resourceMetrics", ()):
+        resource = _attributes(resource_metrics.get("resource", {}).get("attributes", ()), KEPT_RESOURCE)
+        for scope_metrics in resource_metrics.get("scopeMetrics", ()):
+            for metric in scope_metrics.get("metrics", ()):
+                for kind in ("gauge", "sum"):
+                    for point in metric.get(kind, {}).get("dataPoints", ()):
+                        value = point.get("asDouble", point.get("asInt"))
+                        if value is None:
+                            continue
+                        yield Point(metric["name"], int(point.get("timeUnixNano", 0)), float(value),
+                                    _attributes(point.get("attributes", ())), resource)
+
+
+class Progress:
+    """Bytes read of all files, shown on stderr every half second when it is a terminal or forced."""
+
+    def __init__(self, total: int, *, label: str, enabled: bool | None = None) -> None:
+        self._total, self._label, self._done, self._shown = max(total, 1), label, 0, 0.0
+        self._enabled = sys.stderr.isatty() if enabled is None else enabled
+
+    def __call__(self, count: int) -> None:
+        self._done += count
+        now = time.monotonic()
+        if self._enabled and now - self._shown >= 0.5:
+            self._shown = now
+            sys.stderr.write(f"\r{self._label}: {100 * self._done / self._total:5.1f}%")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self._enabled and self._shown:
+            sys.stderr.write(f"\r{self._label}: 100.0%\n")
+            sys.stderr.flush()

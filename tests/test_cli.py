@@ -1,0 +1,198 @@
+"""The ``otel-graph`` command end to end: real runs writing OTLP JSON files, then report, HTML and Chrome export."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import subprocess_env
+
+from otel_graph.analysis import critical_path, group_computes
+from otel_graph.otlp_read import TelemetryFile
+
+APPS = Path(__file__).parent / "apps"
+CLI = [sys.executable, "-m", "otel_graph.cli"]
+
+
+def cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
+        timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], env=env or subprocess_env(), cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout_s)
+
+
+def file_env(out: Path, **extra: str) -> dict[str, str]:
+    return subprocess_env(OTEL_TRACES_EXPORTER="otlp_file", OTEL_METRICS_EXPORTER="otlp_file",
+                          OTEL_GRAPH_FILE_DIR=str(out), **extra)
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory) -> Path:
+    """A real run of a diamond graph through ``otel-graph run``, recorded to files."""
+    out = tmp_path_factory.mktemp("recorded")
+    run = cli("run", str(APPS / "diamond.py"), "--scheduler", "threads",
+              env=file_env(out, OTEL_GRAPH_MAX_TASK_SPANS="unlimited"))
+    assert run.returncode == 0, run.stderr
+    assert "RESULT 42" in run.stdout
+    return out
+
+
+def test_run_writes_owner_only_otlp_json_files(recorded):
+    for name in ("traces.jsonl", "metrics.jsonl"):
+        mode = stat.S_IMODE((recorded / name).stat().st_mode)
+        assert mode == 0o600, oct(mode)
+    first = json.loads((recorded / "traces.jsonl").read_text().splitlines()[0])
+    span = first["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+    assert len(span["traceId"]) == 32 and int(span["traceId"], 16)  # hex, as OTLP/JSON requires
+
+
+def test_critical_path_of_a_real_run_is_the_slow_branch(recorded):
+    spans = list(TelemetryFile.open(recorded / "traces.jsonl").spans())
+    (compute,) = group_computes(spans)
+    path = critical_path(compute)
+    # slow (0.3 s) and fast (0.05 s) both feed join (0.1 s): join waited for slow.
+    assert [step.span.attributes["dask.task.key"] for step in path.steps] == ["load", "slow", "join"]
+    assert path.on_path_ns <= compute.wall_ns
+    assert 0.4e9 <= path.on_path_ns <= compute.wall_ns
+
+
+def test_report_prints_every_section(recorded):
+    run = cli("report", str(recorded / "traces.jsonl"), str(recorded / "metrics.jsonl"))
+    assert run.returncode == 0, run.stderr
+    out = run.stdout
+    for heading in ("Bottlenecks by task prefix", "Slowest tasks", "Worker balance", "Critical path"):
+        assert heading in out
+    table = out.split("Bottlenecks by task prefix\n")[1].split("\n\n")[0].splitlines()
+    assert table[0].split()[:4] == ["prefix", "duration", "%", "total"]
+    assert table[1].split()[0] == "slow", "the slowest prefix comes first"
+    assert out.index("slow") < out.index("join")
+
+
+def test_chrome_export_is_valid_trace_event_json(recorded, tmp_path):
+    target = tmp_path / "trace.json"
+    run = cli("export", "--chrome", str(recorded / "traces.jsonl"), str(recorded / "metrics.jsonl"),
+              "-o", str(target))
+    assert run.returncode == 0, run.stderr
+    events = json.loads(target.read_text())["traceEvents"]
+    complete = [e for e in events if e["ph"] == "X"]
+    assert {e["name"] for e in complete} >= {"dask.compute", "load", "slow", "fast", "join"}
+    for event in complete:
+        assert isinstance(event["ts"], float) and event["dur"] >= 0
+        assert isinstance(event["pid"], int) and isinstance(event["tid"], int)
+    named = {e["pid"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert {e["pid"] for e in events if e["ph"] in ("X", "C")} <= named
+    (slow,) = [e for e in complete if e["name"] == "slow"]
+    assert 0.3e6 <= slow["dur"] < 1e6  # microseconds
+    assert any(e["ph"] == "C" for e in events), "CPU/memory readings become counter tracks"
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "no such file"),
+    ("{not json\n", ":1: not JSON"),
+    ('{"hello": "world"}\n', ":1: not an OTLP JSON export request"),
+    ('{"resourceSpans": [{"scopeSpans": [{"spans": [{"name": "x"}]}]}]}\n', "malformed data"),
+])
+def test_bad_input_gets_one_clear_line(tmp_path, content, message):
+    path = tmp_path / "input.jsonl"
+    if content is not None:
+        path.write_text(content)
+    for args in (["report", str(path)], ["export", "--chrome", str(path), "-o", str(tmp_path / "o.json")]):
+        run = cli(*args)
+        assert run.returncode == 2
+        assert "Traceback" not in run.stderr
+        (line,) = run.stderr.strip().splitlines()
+        assert line.startswith("otel-graph: ") and message in line and str(path) in line
+
+
+def test_a_collectors_file_exporter_output_is_read(tmp_path):
+    # The collector's file exporter: same OTLP/JSON, with fields we do not write ourselves.
+    line = {"resourceSpans": [{
+        "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "etl"}}],
+                     "droppedAttributesCount": 0},
+        "scopeSpans": [{"scope": {"name": "otel_graph"}, "spans": [
+            {"traceId": "5b8efff798038103d269b633813fc60c", "spanId": "eee19b7ec3c1b174", "name": "dask.compute",
+             "kind": 1, "flags": 256, "startTimeUnixNano": "1000000000", "endTimeUnixNano": "3000000000",
+             "attributes": [{"key": "dask.graph.tasks", "value": {"intValue": "1"}}], "status": {}},
+            {"traceId": "5b8efff798038103d269b633813fc60c", "spanId": "eee19b7ec3c1b175",
+             "parentSpanId": "eee19b7ec3c1b174", "name": "inc", "kind": 1,
+             "startTimeUnixNano": "1500000000", "endTimeUnixNano": "2500000000",
+             "attributes": [{"key": "dask.task.key", "value": {"stringValue": "inc-1"}},
+                            {"key": "dask.task.prefix", "value": {"stringValue": "inc"}},
+                            {"key": "dask.task.nbytes", "value": {"intValue": "28"}}],
+             "status": {"code": 2, "message": "ValueError: x"}}]}]}]}
+    path = tmp_path / "collector.json"
+    path.write_text(json.dumps(line) + "\n")
+    run = cli("report", str(path))
+    assert run.returncode == 0, run.stderr
+    assert "1 computes, 1 tasks" in run.stdout
+    row = run.stdout.split("Bottlenecks by task prefix\n")[1].splitlines()[1].split()
+    assert row[0] == "inc" and row[1:3] == ["1.00", "s"] and row[-1] == "1"  # one error
+
+
+def test_demo_on_the_embedded_default(tmp_path):
+    closed = "http://127.0.0.1:9"  # discard port: nothing answers, so files are the default
+    run = cli("demo", "--out", str(tmp_path / "out"), env=subprocess_env(OTEL_EXPORTER_OTLP_ENDPOINT=closed),
+              cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "no collector answers" in run.stdout
+    assert "the pipeline failed as planned" in run.stdout
+    assert "Critical path" in run.stdout and "qr" in run.stdout
+    for name in ("traces.jsonl", "metrics.jsonl", "report.html"):
+        assert (tmp_path / "out" / name).stat().st_size > 0, name
+    assert "[####" in run.stdout, "the ProgressBar showed"
+
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.mark.skipif(not os.path.exists(CHROMIUM) and os.environ.get("CI") != "true",
+                    reason="Debian chromium is installed by `make test` (as root)")
+def test_html_report_renders_in_a_real_headless_browser(recorded, tmp_path):
+    page_path = tmp_path / "report.html"
+    run = cli("report", str(recorded / "traces.jsonl"), str(recorded / "metrics.jsonl"), "--html", str(page_path))
+    assert run.returncode == 0, run.stderr
+    assert "cdn.bokeh.org" not in page_path.read_text(), "self-contained: no network needed"
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+            problems: list[str] = []
+            page.on("console", lambda message: problems.append(message.text) if message.type == "error" else None)
+            page.on("pageerror", lambda error: problems.append(str(error)))
+            page.goto(page_path.as_uri())
+            # Bokeh draws each plot into canvases inside shadow roots once its JS has run.
+            painted = page.wait_for_function("""() => {
+                const canvases = [];
+                const walk = (root) => root.querySelectorAll('*').forEach(el => {
+                    if (el.tagName === 'CANVAS') canvases.push(el);
+                    if (el.shadowRoot) walk(el.shadowRoot);
+                });
+                walk(document);
+                const inked = canvases.filter(c => {
+                    if (!c.width || !c.height) return false;
+                    const data = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+                    for (let i = 3; i < data.length; i += 4) if (data[i] !== 0) return true;
+                    return false;
+                });
+                return inked.length >= 3 ? inked.length : false;
+            }""", timeout=30_000).json_value()
+            text = page.evaluate("""() => {
+                let out = '';
+                const walk = (root) => root.querySelectorAll('*').forEach(el => {
+                    if (el.shadowRoot) walk(el.shadowRoot);
+                    if (!el.children.length) out += ' ' + (el.textContent || '');
+                });
+                walk(document);
+                return out;
+            }""")
+        finally:
+            browser.close()
+    assert painted >= 3, "the task stream and the reading plots drew"
+    assert "Task stream" in text and "slow" in text
+    assert problems == []
