@@ -241,6 +241,9 @@ class Instrumentation:
         if self._cluster is not None:
             # Outside the lock: taking plugins off a cluster waits on it (teardowns flush).
             self._cluster.uninstall()
+            from otel_graph.cluster.worker import close_in_process
+
+            close_in_process()
         self._instruments.readings.stop()
         # Building spans is our own CPU work and always progresses: bounded generously.
         self._tracker.stop(_UNINSTRUMENT_DRAIN_S)

@@ -116,12 +116,16 @@ def _prometheus_reader(settings: Settings, histograms: HistogramSet) -> MetricRe
     try:
         start_http_server(port=settings.prometheus_port, addr=settings.prometheus_host)
     except OSError as exc:
-        raise ConfigurationError(
+        raise PortInUse(
             f"OTEL_EXPORTER_PROMETHEUS_HOST/PORT: cannot listen on "
             f"{settings.prometheus_host}:{settings.prometheus_port}: {exc}"
         ) from None
     reader = MergingPrometheusReader()
     return reader
+
+
+class PortInUse(ConfigurationError):
+    """The Prometheus pull endpoint's port cannot be had (cluster processes try the next)."""
 
 
 @dataclass
@@ -204,13 +208,8 @@ def build_sdk(settings: Settings, *, traces: bool, metrics: bool, scope: Instrum
               resource_attributes: dict[str, Any] | None = None) -> OwnedSdk:
     owned = OwnedSdk()
     resource = build_resource(resource_attributes)
-    if traces:
-        provider = TracerProvider(resource=resource, shutdown_on_exit=False)
-        exporter = _span_exporter(settings)
-        if exporter is not None:
-            owned.span_processor = ReliableSpanProcessor(exporter, max_queued=settings.max_queued_spans)
-            provider.add_span_processor(owned.span_processor)
-        owned.tracer_provider = provider
+    # Metrics first: the Prometheus port may be taken, and nothing else (no exporter
+    # thread) must have been started by then.
     if metrics:
         readers: list[MetricReader] = []
         owned.histograms = HistogramSet(scope)
@@ -222,4 +221,11 @@ def build_sdk(settings: Settings, *, traces: bool, metrics: bool, scope: Instrum
             readers.append(PeriodicExportingMetricReader(
                 owned.metric_exporter, export_interval_millis=settings.metric_export_interval_ms))
         owned.meter_provider = MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False)
+    if traces:
+        provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+        exporter = _span_exporter(settings)
+        if exporter is not None:
+            owned.span_processor = ReliableSpanProcessor(exporter, max_queued=settings.max_queued_spans)
+            provider.add_span_processor(owned.span_processor)
+        owned.tracer_provider = provider
     return owned

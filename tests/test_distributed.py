@@ -306,12 +306,14 @@ def test_the_budget_holds_across_a_workers_quiet_spells(receiver):
     children = task_spans(spans, root)
     assert sum(s["attributes"].get("dask.task.count", 1) for s in children) == 6
     assert len([s for s in children if "dask.task.count" not in s["attributes"]]) <= 2
+    # ...and the rest fold into one aggregate per worker, not one per quiet spell.
+    assert len([s for s in children if "dask.task.count" in s["attributes"]]) <= 2
 
 
 def test_flush_returns_within_its_timeout_when_a_worker_is_paused(receiver):
     app = run_app("--workload", "pause", "--flush-timeout", "3", env=env_for(receiver))
     assert app.value("FLUSHED") == "False"
-    assert float(app.value("FLUSH_SECONDS")) < 6
+    assert float(app.value("FLUSH_SECONDS")) < 8  # 3 s for the workers, and a margin for a loaded machine
 
 
 def test_workers_export_while_the_job_runs_without_any_flush(receiver):

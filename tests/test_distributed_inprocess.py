@@ -22,7 +22,7 @@ def inc(x: int) -> int:
 
 
 def slow(x: int) -> int:
-    time.sleep(5)  # cancelled long before it ends
+    time.sleep(1)  # cancelled or dropped long before it ends
     return x
 
 
@@ -145,6 +145,16 @@ def test_nested_compute_inside_a_task_joins_the_outer_trace(telemetry, client):
     assert inner.context.trace_id == outer.context.trace_id
     assert inner.parent.span_id == outer.context.span_id
     assert wait_until(lambda: len(tasks_of(telemetry, inner)) == 3)
+
+
+def test_uninstrument_right_after_a_compute_keeps_its_task_spans(telemetry, client):
+    graph = {f"inc-{i}": (inc, i) for i in range(10)}
+    client.get(graph, list(graph))
+    telemetry.handle.uninstrument()  # no flush: uninstrument itself must deliver them
+    (root,) = [s for s in telemetry.exporter.get_finished_spans() if s.name == "dask.compute"]
+    tasks = [s for s in telemetry.exporter.get_finished_spans()
+             if s.parent is not None and s.parent.span_id == root.context.span_id]
+    assert len(tasks) == 10
 
 
 def test_uninstrument_restores_the_client_class_and_the_cluster_exactly(telemetry, client, cluster):

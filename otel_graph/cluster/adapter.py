@@ -175,25 +175,39 @@ def watch_futures(client: Any, futures: Iterable[Any], settled: Any) -> None:
 
     Waits on each future's shared state (``future._state``), never on the future: holding
     the future would keep its key alive on the cluster after the user dropped it. A
-    future garbage-collected first settles as ``released``.
+    future dropped by the user settles as ``released`` (its state is cancelled when the
+    client lets go of the key, so a cancel with no reference left is a release).
+    ``settled`` always runs on the client's loop, never inside the garbage collector,
+    which may run while any lock of the program is held.
     """
     import weakref
 
+    loop = client.loop
     for future in futures:
         state, key = future._state, future.key
         once = _Once(settled, key)
 
-        async def wait(state: Any = state, once: _Once = once) -> None:
+        async def wait(state: Any = state, once: _Once = once, key: Any = key) -> None:
             try:
                 await state.wait()
             except Exception:  # the client closed under us: the future is gone either way
                 once("cancelled", None)
                 return
-            error = state.exception if state.status == "error" else None
-            once(state.status, error if isinstance(error, BaseException) else None)
+            status = state.status
+            if status == "cancelled" and not client.refcount.get(key):
+                status = "released"
+            error = state.exception if status == "error" else None
+            once(status, error if isinstance(error, BaseException) else None)
 
-        weakref.finalize(future, once, "released", None)
-        client.loop.add_callback(wait)
+        weakref.finalize(future, _on_loop, loop, once)
+        loop.add_callback(wait)
+
+
+def _on_loop(loop: Any, once: Any) -> None:
+    try:
+        loop.add_callback(once, "released", None)
+    except Exception:  # the loop is gone: so is the client, and its computes were ended
+        pass
 
 
 class _Once:

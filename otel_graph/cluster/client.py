@@ -112,6 +112,8 @@ class ClusterCapture:
         self._originals: dict[str, Any] = {}
         self._attached: weakref.WeakSet = weakref.WeakSet()
         self._lock = threading.Lock()
+        self._closed = False
+        self._pending: set[Any] = set()  # asyncio tasks in flight: an unreferenced task may vanish
 
     # -- install ---------------------------------------------------------------------------
     def install(self) -> None:
@@ -126,6 +128,7 @@ class ClusterCapture:
         """Restore the Client class; with ``detach``, also leave the clusters (see the module docs)."""
         from distributed import Client
 
+        self._closed = True
         for name, original in self._originals.items():
             setattr(Client, name, original)
         self._originals.clear()
@@ -141,7 +144,7 @@ class ClusterCapture:
             return
         if getattr(client, "asynchronous", False):
             try:
-                asyncio.ensure_future(self.attach_async(client, claimed=True))
+                self._keep(asyncio.ensure_future(self.attach_async(client, claimed=True)))
             except RuntimeError:  # no running loop in this thread: the next traced call retries
                 self._attached.discard(client)
             return
@@ -159,6 +162,10 @@ class ClusterCapture:
                 logger.warning("otel_graph: registering otel_graph's plugins failed: %s", type(exc).__name__)
         self._subscribe(client)
 
+    def _keep(self, task: Any) -> None:
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
     def _claim(self, client: Any) -> bool:
         with self._lock:
             if client in self._attached:
@@ -173,14 +180,21 @@ class ClusterCapture:
     def _join(self, client: Any) -> None:
         # The plugins are idempotent: a cluster that has them (another client) keeps them as
         # they are, instead of every new client tearing them down and setting them up.
-        for plugin in self._plugins():
-            client.register_plugin(plugin, name=PLUGIN_NAME)
-        client.run_on_scheduler(join_cluster, client_id=client.id)
+        # A second round covers the last other client taking them off in between.
+        for _ in range(2):
+            if self._closed:  # uninstrumented while this waited on the cluster
+                return
+            for plugin in self._plugins():
+                client.register_plugin(plugin, name=PLUGIN_NAME)
+            if client.run_on_scheduler(join_cluster, client_id=client.id):
+                return
 
     async def _join_async(self, client: Any) -> None:
-        for plugin in self._plugins():
-            await client.register_plugin(plugin, name=PLUGIN_NAME)
-        await client.run_on_scheduler(join_cluster, client_id=client.id)
+        for _ in range(2):
+            for plugin in self._plugins():
+                await client.register_plugin(plugin, name=PLUGIN_NAME)
+            if await client.run_on_scheduler(join_cluster, client_id=client.id):
+                return
 
     def _leave(self, client: Any) -> None:
         try:
@@ -191,22 +205,16 @@ class ClusterCapture:
             return
         if getattr(client, "asynchronous", False):
             try:
-                asyncio.ensure_future(self._leave_async(client))
+                self._keep(asyncio.ensure_future(self._leave_async(client)))
             except RuntimeError:
                 logger.debug("otel_graph: no loop to leave an asynchronous client's cluster on")
             return
 
-        def leave() -> None:
-            if client.run_on_scheduler(leave_cluster, client_id=client.id) == 0:
-                client.unregister_worker_plugin(PLUGIN_NAME)
-                client.unregister_scheduler_plugin(PLUGIN_NAME)
-
-        _bounded(leave, CLUSTER_TIMEOUT_S, "taking otel_graph's plugins off the cluster")
+        _bounded(lambda: client.run_on_scheduler(leave_cluster, client_id=client.id), CLUSTER_TIMEOUT_S,
+                 "leaving the cluster")
 
     async def _leave_async(self, client: Any) -> None:
-        if await client.run_on_scheduler(leave_cluster, client_id=client.id) == 0:
-            await client.unregister_worker_plugin(PLUGIN_NAME)
-            await client.unregister_scheduler_plugin(PLUGIN_NAME)
+        await client.run_on_scheduler(leave_cluster, client_id=client.id)
 
     def _subscribe(self, client: Any) -> None:
         handler = functools.partial(self._on_event, str(client.id), adapter.scheduler_address(client))

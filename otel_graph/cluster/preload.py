@@ -17,7 +17,7 @@ async def setup(server: Any) -> None:
     if adapter.is_scheduler(server):
         from otel_graph.cluster.scheduler import PLUGIN_NAME, SchedulerTelemetryPlugin
 
-        server.add_plugin(SchedulerTelemetryPlugin(), name=PLUGIN_NAME)
+        server.add_plugin(SchedulerTelemetryPlugin(preloaded=True), name=PLUGIN_NAME)
         return
     from otel_graph.cluster.worker import PLUGIN_NAME, WorkerTelemetryPlugin
 

@@ -120,8 +120,10 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
     name = PLUGIN_NAME
     idempotent = True  # registering again (another client) keeps the one in place
 
-    def __init__(self, client_env: dict[str, str] | None = None) -> None:
+    def __init__(self, client_env: dict[str, str] | None = None, *, preloaded: bool = False) -> None:
         self._sealed_env = seal_env(dict(client_env or {}))
+        #: Put there by ``--preload``: the cluster's own, never taken off by a client.
+        self.preloaded = preloaded
         #: Instrumented clients using this cluster: the plugins come off when the last leaves.
         self.clients: set[str] = set()
 
@@ -187,9 +189,21 @@ def join_cluster(dask_scheduler: Any = None, client_id: str = "") -> int:
     return len(plugin.clients) if plugin is not None else 0
 
 
-def leave_cluster(dask_scheduler: Any = None, client_id: str = "") -> int:
-    """The client stops instrumenting: how many instrumented clients are left."""
+async def leave_cluster(dask_scheduler: Any = None, client_id: str = "") -> bool:
+    """The client stops instrumenting; the last one takes the plugins off. True if it did.
+
+    Runs on the scheduler's event loop: the scheduler plugin goes first, in the same
+    step as the decision, so a client joining meanwhile finds none and registers anew
+    (see ``ClusterCapture._join``). A preloaded cluster keeps its plugins.
+    """
     plugin = _our_plugin(dask_scheduler)
-    if plugin is not None:
-        plugin.clients.discard(client_id)
-    return len(plugin.clients) if plugin is not None else 0
+    if plugin is None:
+        return False
+    plugin.clients.discard(client_id)
+    if plugin.clients or getattr(plugin, "preloaded", False):
+        return False
+    dask_scheduler.remove_plugin(name=PLUGIN_NAME)
+    _SCHEDULERS.pop(dask_scheduler, None)  # remove_plugin does not call close()
+    if PLUGIN_NAME in dask_scheduler.worker_plugins:
+        await dask_scheduler.unregister_worker_plugin(comm=None, name=PLUGIN_NAME)
+    return True

@@ -25,7 +25,7 @@ Spilling is also counted in full, from the worker's own totals, as
 
 Each worker applies its share of the compute's span budget, and since it cannot know
 when a compute ends, it settles a compute (kept slow tasks, one aggregate per prefix)
-once a drain brings no new task of it. Tasks that carry no trace context (a client that
+once it has run no task of it for :data:`SETTLE_AFTER_S`, and on every flush. Tasks that carry no trace context (a client that
 is not instrumented) still count in the metrics.
 
 Where the telemetry goes: the worker's own ``OTEL_*`` variables; when the worker has
@@ -59,6 +59,8 @@ PLUGIN_NAME = "otel-graph"
 _RAN = frozenset({"executing", "long-running"})
 _DONE = frozenset({"memory", "error"})
 _MAX_TRACES = 4096
+#: A compute with no task on this worker for this long is settled (flush and exit settle at once).
+SETTLE_AFTER_S = 30.0
 _MAX_ATTEMPTS_TRACKED = 100_000
 _WORKER_DRAIN_S = 1.0
 
@@ -85,10 +87,10 @@ class _Trace:
     compute arriving later spend what is left of its budget rather than a fresh one.
     """
 
-    __slots__ = ("parent", "plan", "active", "dirty")
+    __slots__ = ("parent", "plan", "last_seen", "dirty")
 
     def __init__(self, parent: trace.Span, plan: SpanPlan) -> None:
-        self.parent, self.plan, self.active, self.dirty = parent, plan, True, False
+        self.parent, self.plan, self.last_seen, self.dirty = parent, plan, time.monotonic(), False
 
     def settle(self) -> None:
         if self.dirty:
@@ -116,6 +118,7 @@ class WorkerTelemetry:
         self._stopping = False
         self.record_errors = 0
         self.tasks_aggregated = 0
+        self._closing = False
         self.claimed = True  # False between a plugin's removal and its replacement's setup
         interval = min(settings.drain_interval_s, _WORKER_DRAIN_S)
         self._interval = interval
@@ -124,6 +127,8 @@ class WorkerTelemetry:
 
     # -- on the worker's event loop ------------------------------------------------------
     def record(self, worker: Any, key: Any) -> None:
+        if self._closing:  # closed while a plugin still points here: nothing will drain it
+            return
         try:
             run = adapter.task_run(worker, key, annotation_name=ANNOTATION)
         except Exception:  # a changed internal must cost telemetry, never the worker
@@ -156,6 +161,9 @@ class WorkerTelemetry:
         return owned.flush(max(0.1, deadline - time.monotonic()))
 
     def close(self, timeout_s: float, *, export: bool = True) -> None:
+        # What was recorded while instrumented goes out through the providers it was
+        # recorded for, even if the process's instrumentation ended meanwhile.
+        self._closing = True
         self.flush(timeout_s, export=export)
         with self._wake:
             self._stopping = True
@@ -185,7 +193,7 @@ class WorkerTelemetry:
 
         live = live_providers()
         if live is None:
-            return False
+            return self._closing
         if live is not self._providers:
             self._settle_all()  # what was planned under the old providers goes out through them
             self._providers, self._emitter = live, live.emitter
@@ -203,8 +211,7 @@ class WorkerTelemetry:
         del self._pending[:count]  # appends from the event loop land after `count`
         if self._in_process and not self._follow_live():
             return  # the process was uninstrumented: its workers' tasks are not ours to report
-        for state in self._traces.values():
-            state.active = False
+        now = time.monotonic()
         if events:
             prefixes = [task_prefix(ev.key) for ev in events]
             self._metrics.record_tasks(events, prefixes, "distributed")
@@ -220,11 +227,13 @@ class WorkerTelemetry:
             for traceparent, (group, group_prefixes) in by_trace.items():
                 state = self._trace(traceparent, group[0].run.annotation)
                 if state is not None and state.parent.get_span_context().trace_flags.sampled:
-                    state.active = state.dirty = True
+                    state.dirty, state.last_seen = True, now
                     state.plan.add(group, group_prefixes)
-        # A compute this drain brought nothing of has (probably) ended here: settle it.
+        # A compute quiet here for a while has (probably) ended on this worker: settle it.
+        # Not at the first quiet drain: tasks slower than a drain would each become a
+        # one-task aggregate span.
         for state in self._traces.values():
-            if settle_all or not state.active:
+            if settle_all or now - state.last_seen >= SETTLE_AFTER_S:
                 state.settle()
 
     def _trace(self, traceparent: str, note: Any) -> _Trace | None:
@@ -371,19 +380,19 @@ def process_providers(settings: Any, resource_attributes: dict[str, Any]) -> Any
     finds every process. Only when none is free do this process's metrics go off; its
     traces still flow.
     """
-    from otel_graph.config import ConfigurationError, with_overrides
+    from otel_graph.config import with_overrides
     from otel_graph.instrumentation import providers_for
+    from otel_graph.sdk import PortInUse
 
     try:
         return providers_for(settings, resource_attributes=resource_attributes)
-    except ConfigurationError:
-        if settings.metrics_exporter != "prometheus":
-            raise
+    except PortInUse:
+        pass
     for offset in range(1, PROMETHEUS_PORT_SPAN + 1):
         moved = with_overrides(settings, prometheus_port=settings.prometheus_port + offset)
         try:
             providers = providers_for(moved, resource_attributes=resource_attributes)
-        except ConfigurationError:
+        except PortInUse:
             continue
         logger.warning("otel_graph: port %d was taken; this process serves Prometheus metrics on %s:%d",
                        settings.prometheus_port, moved.prometheus_host, moved.prometheus_port)
@@ -502,9 +511,27 @@ class WorkerTelemetryPlugin(WorkerPlugin):
         await asyncio.get_running_loop().run_in_executor(None, _stop, worker)
 
     def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
+        if start not in _RAN or finish not in _DONE:
+            return
         telemetry = self._telemetry
-        if telemetry is not None and start in _RAN and finish in _DONE:
-            telemetry.record(self._worker, key)
+        if telemetry is None or telemetry._closing:
+            telemetry = self._revive()
+            if telemetry is None:
+                return
+        telemetry.record(self._worker, key)
+
+    def _revive(self) -> WorkerTelemetry | None:
+        """An in-process worker whose telemetry ended with an ``uninstrument()`` and whose
+        process is instrumented again: start anew with the new instrumentation."""
+        from otel_graph.instrumentation import live_providers
+
+        if self._worker is None or live_providers() is None:
+            return None
+        try:
+            self._telemetry = _start(self._worker, unseal_env(self._sealed_env))
+        except Exception:
+            self._telemetry = None
+        return self._telemetry
 
 
 async def flush_worker(dask_worker: Any = None, timeout_s: float = 30.0) -> bool:
@@ -522,6 +549,17 @@ async def flush_worker(dask_worker: Any = None, timeout_s: float = 30.0) -> bool
         return telemetry.flush(timeout_s) and built
 
     return await asyncio.get_running_loop().run_in_executor(None, flush)
+
+
+def close_in_process() -> None:
+    """On ``uninstrument()``: close the telemetry of workers living in this process, now.
+
+    Their plugin may stay on the cluster (other instrumented clients), but what they
+    recorded belongs to the instrumentation ending here, and must go out before it does.
+    """
+    for worker, telemetry in list(_ProcessTelemetry.by_worker.items()):
+        if telemetry._in_process:
+            _stop(worker)
 
 
 def telemetry_exit_timeout() -> float:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import operator
+import os
 import sys
 
 import dask
@@ -59,11 +60,9 @@ def nap(seconds: float) -> float:
     return seconds
 
 
-def flaky(x: int) -> int:
+def flaky(x: int, marker: str) -> int:
     import os
-    import tempfile
 
-    marker = os.path.join(tempfile.gettempdir(), f"otel-graph-flaky-{os.getppid()}")
     if not os.path.exists(marker):
         open(marker, "w").close()
         raise RuntimeError("first attempt fails")
@@ -107,7 +106,10 @@ def workload(client: Client, name: str, workers: list[str]) -> object:
         return sum(client.get(graph, list(graph)))
     if name == "retry":
         # The first run fails, the retry (pinned to the same worker) succeeds.
-        graph = {"flaky-0": (flaky, 7)}
+        import tempfile
+
+        marker = os.path.join(tempfile.mkdtemp(), "failed-once")  # fresh for every run
+        graph = {"flaky-0": (flaky, 7, marker)}
         return client.get(graph, "flaky-0", retries=1, workers=[workers[0]])
     if name == "map":
         futures = client.map(inc, range(10), key=[f"inc-{i}" for i in range(10)])
