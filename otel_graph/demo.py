@@ -2,7 +2,8 @@
 
 It runs the example of dask's diagnostics documentation (a random 10000x1000 array,
 its QR decomposition and the product rebuilt) and a small pipeline in which one task
-fails on purpose, with a ProgressBar, all under ``instrument_scheduler()``.
+fails on purpose, with a ProgressBar, all under ``instrument_scheduler()``; then, with
+dask.distributed installed, the QR again on a LocalCluster of two worker processes.
 
 * If an OTLP collector answers at the configured endpoint (``OTEL_EXPORTER_OTLP_ENDPOINT``,
   default ``localhost:4317``), the telemetry goes there.
@@ -59,6 +60,23 @@ def _workload() -> None:
         print(f"the pipeline failed as planned: {exc}")
 
 
+def _cluster_workload() -> None:
+    """The same QR on a LocalCluster of two worker processes, when dask.distributed is installed."""
+    try:
+        from distributed import Client, LocalCluster, progress
+    except ImportError:
+        return
+    import dask.array as da
+
+    print("\nthe same on a LocalCluster of 2 worker processes:")
+    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as cluster, Client(cluster) as client:
+        x = da.random.random((4000, 1000), chunks=(500, 1000))
+        q, r = da.linalg.qr(x)
+        future = client.compute(abs(q.dot(r) - x).max())
+        progress(future)
+        print(f"\nQR rebuilt on the cluster to within {future.result():.2e}")
+
+
 def sum_of(values: list) -> object:
     import dask
 
@@ -78,6 +96,7 @@ def run(*, out_dir: Path, html: bool = True) -> int:
 
     handle = otel_graph.instrument_scheduler()
     _workload()
+    _cluster_workload()
     delivered = handle.flush(timeout_s=30)
     handle.uninstrument()
     if endpoint:

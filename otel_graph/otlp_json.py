@@ -67,24 +67,33 @@ def span_request_json(spans: Sequence[ReadableSpan]) -> str:
 
 
 class JsonLinesFile:
-    """An append-only file of lines, created with owner-only permissions, safe across threads."""
+    """An append-only file of lines, created with owner-only permissions.
+
+    Safe across threads and processes (a cluster's workers inherit the same directory):
+    each line goes out in one ``write`` to a file opened ``O_APPEND``, which the kernel
+    places whole at the end, so lines from different processes never interleave.
+    """
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self.path = path
-        self._file = os.fdopen(descriptor, "a", encoding="utf-8")
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self._lock = threading.Lock()
 
     def write(self, line: str) -> None:
+        data = (line + "\n").encode("utf-8")
         with self._lock:
-            self._file.write(line)
-            self._file.write("\n")
-            self._file.flush()
+            if self._fd is None:
+                raise ValueError(f"{self.path} is closed")
+            written = os.write(self._fd, data)
+            if written != len(data):  # only on a full disk: the line is cut, say so
+                raise OSError(f"short write to {self.path}: {written} of {len(data)} bytes")
 
     def close(self) -> None:
         with self._lock:
-            self._file.close()
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
 
 
 class OtlpJsonSpanExporter(SpanExporter):

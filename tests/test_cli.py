@@ -144,6 +144,8 @@ def test_demo_on_the_embedded_default(tmp_path):
     for name in ("traces.jsonl", "metrics.jsonl", "report.html"):
         assert (tmp_path / "out" / name).stat().st_size > 0, name
     assert "[####" in run.stdout, "the ProgressBar showed"
+    assert "QR rebuilt on the cluster" in run.stdout and "tcp://127.0.0.1:" in run.stdout, \
+        "the LocalCluster part's worker processes wrote their task spans into the same files"
 
 
 CHROMIUM = "/usr/bin/chromium"
