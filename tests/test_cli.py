@@ -198,3 +198,44 @@ def test_html_report_renders_in_a_real_headless_browser(recorded, tmp_path):
     assert painted >= 3, "the task stream and the reading plots drew"
     assert "Task stream" in text and "slow" in text
     assert problems == []
+
+
+def _otlp_line(spans: list[dict]) -> str:
+    return json.dumps({"resourceSpans": [{"resource": {"attributes": []}, "scopeSpans": [{"spans": spans}]}]})
+
+
+def _hand_span(span_id: str, name: str, start_ms: int, end_ms: int, parent: str = "",
+               attributes: dict | None = None) -> dict:
+    def value(v: object) -> dict:
+        if isinstance(v, list):
+            return {"arrayValue": {"values": [value(x) for x in v]}}
+        return {"intValue": str(v)} if isinstance(v, int) else {"stringValue": str(v)}
+
+    return {"traceId": "ab" * 16, "spanId": span_id, "parentSpanId": parent, "name": name,
+            "startTimeUnixNano": str(start_ms * 10**6), "endTimeUnixNano": str(end_ms * 10**6),
+            "attributes": [{"key": k, "value": value(v)} for k, v in (attributes or {}).items()]}
+
+
+def test_critical_path_on_a_hand_built_graph(tmp_path):
+    # a(0-10) and b(0-30) feed c(35-50), which feeds d(55-60); e(0-5) stands alone.
+    # c waited for b (it ended last), so the path is b -> c -> d: 50 ms on it, 10 ms of gaps.
+    def task(span_id: str, key: str, start: int, end: int, deps: list[str], count: int | None = None) -> dict:
+        return _hand_span(span_id, key, start, end, parent="00" * 8, attributes={
+            "dask.task.key": key, "dask.task.prefix": key, "dask.task.dependencies": deps,
+            "dask.task.dependency_count": count or len(deps)})
+
+    spans = [_hand_span("00" * 8, "dask.compute", 0, 65, attributes={"dask.graph.tasks": 5}),
+             task("01" * 8, "a", 0, 10, []), task("02" * 8, "b", 0, 30, []),
+             task("03" * 8, "c", 35, 50, ["a", "b"]), task("04" * 8, "d", 55, 60, ["c"], count=40),
+             task("05" * 8, "e", 0, 5, [])]
+    path = tmp_path / "hand.jsonl"
+    path.write_text(_otlp_line(spans) + "\n")
+    (compute,) = group_computes(TelemetryFile.open(path).spans())
+    found = critical_path(compute)
+    assert [step.span.attributes["dask.task.key"] for step in found.steps] == ["b", "c", "d"]
+    assert (found.on_path_ns, found.gaps_ns) == (50 * 10**6, 10 * 10**6)
+    assert [step.truncated for step in found.steps] == [False, False, True]  # d listed 1 of 40
+    run = cli("report", str(path))
+    assert run.returncode == 0, run.stderr
+    assert "3 tasks; on the path 50.0 ms (77% of wall), idle gaps 10.0 ms" in run.stdout
+    assert "more dependencies than were recorded" in run.stdout
