@@ -111,6 +111,7 @@ def prefix_table(computes: Iterable[Compute], points: Iterable[Point] = ()) -> l
     count: dict[str, int] = defaultdict(int)
     nbytes: dict[str, int] = defaultdict(int)
     sized: dict[str, int] = defaultdict(int)
+    sized_ns: dict[str, int] = defaultdict(int)  # time of the tasks whose output size is known
     errors: dict[str, int] = defaultdict(int)
     intervals: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for compute in computes:
@@ -122,6 +123,7 @@ def prefix_table(computes: Iterable[Compute], points: Iterable[Point] = ()) -> l
             if isinstance(size, int) and size >= 0:
                 nbytes[prefix] += size
                 sized[prefix] += _count(span)
+                sized_ns[prefix] += _duration_sum_ns(span)
             errors[prefix] += span.failed
             intervals[prefix].append((span.start_ns, span.end_ns))
     gpu = _GpuReadings(points)
@@ -133,7 +135,7 @@ def prefix_table(computes: Iterable[Compute], points: Iterable[Point] = ()) -> l
             prefix=prefix, duration_s=seconds, share=nanos / total, tasks=count[prefix],
             mean_s=seconds / count[prefix] if count[prefix] else 0.0,
             mean_bytes=nbytes[prefix] / sized[prefix] if sized[prefix] else 0.0,
-            throughput_mb_s=nbytes[prefix] / 1e6 / seconds if seconds > 0 else 0.0,
+            throughput_mb_s=nbytes[prefix] / 1e3 / sized_ns[prefix] if sized_ns[prefix] > 0 else 0.0,
             gpu_utilization=gpu.mean("hw.gpu.utilization", intervals[prefix]),
             gpu_memory_bytes=gpu.mean("hw.gpu.memory.usage", intervals[prefix]),
             errors=errors[prefix],

@@ -21,7 +21,9 @@ never has to fit in memory twice.
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 from collections.abc import Iterable
 from typing import Any, TextIO
 
@@ -39,7 +41,8 @@ class _Tracks:
         self.first = True
 
     def write(self, event: dict[str, Any]) -> None:
-        self._out.write(("" if self.first else ",\n") + json.dumps(event, separators=(",", ":")))
+        text = json.dumps(_finite(event), separators=(",", ":"), allow_nan=False)
+        self._out.write(("" if self.first else ",\n") + text)
         self.first = False
 
     def pid(self, name: str) -> int:
@@ -48,6 +51,17 @@ class _Tracks:
             pid = self._pids[name] = len(self._pids) + 1
             self.write({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": name}})
         return pid
+
+
+def _finite(value: Any) -> Any:
+    """JSON.parse rejects NaN and Infinity: write them as strings."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _process_of(resource: dict[str, Any]) -> str:
@@ -62,13 +76,19 @@ def write_chrome_trace(spans: Iterable[Span], points: Iterable[Point], out: Text
     tracks = _Tracks(out)
     out.write('{"displayTimeUnit":"ms","traceEvents":[\n')
     written = 0
+    # Perfetto wants the events of one track (pid, tid) nested, never overlapping: computes
+    # (which may run at once) and aggregate spans (which stand for whole prefixes) each get
+    # a track of their own, numbered above any thread id.
+    own_tracks = itertools.count(1 << 50)  # above thread idents, below JSON's 2**53 exact integers
     for span in spans:
         if span.name == COMPUTE:
-            pid, tid, category = tracks.pid("computes"), 0, "compute"
+            pid, tid, category = tracks.pid("computes"), next(own_tracks), "compute"
         elif "dask.task.prefix" in span.attributes:
             pid = tracks.pid(_process_of(span.resource))
-            tid = int(span.attributes.get("thread.id", 0) or 0)
-            category = "aggregate" if "dask.task.count" in span.attributes else "task"
+            if "dask.task.count" in span.attributes:
+                tid, category = next(own_tracks), "aggregate"
+            else:
+                tid, category = int(span.attributes.get("thread.id", 0) or 0), "task"
         else:
             continue  # phases and user spans: their task's event covers them
         args = {k: v for k, v in span.attributes.items() if k != "dask.task.dependencies"}
@@ -81,6 +101,8 @@ def write_chrome_trace(spans: Iterable[Span], points: Iterable[Point], out: Text
         counter = _COUNTERS.get(point.name)
         if counter is None or point.attributes.get("cpu.mode") not in (None, "user"):
             continue
+        if "hw.id" in point.attributes:  # one counter track per GPU
+            counter = f"{counter} {point.attributes['hw.id']}"
         pid = tracks.pid(_process_of(point.resource))
         tracks.write({"name": counter, "ph": "C", "ts": point.time_ns / 1e3, "pid": pid,
                       "args": {counter: point.value}})

@@ -21,6 +21,7 @@ Bad input (a missing file, a file that is not OTLP JSON) ends with a one-line
 from __future__ import annotations
 
 import argparse
+import os
 import runpy
 import sys
 from collections.abc import Sequence
@@ -53,10 +54,21 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "run":
+        # The user's script behaves as under `python script.py`: its exceptions, exit
+        # codes and messages are its own, so nothing of theirs is caught here.
+        return _run_script(args.script, args.args)
     try:
         return _dispatch(args)
     except (BadTelemetryFile, ConfigurationError) as exc:
         print(f"otel-graph: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # an output path that cannot be written, a disk that is full
+        if isinstance(exc, BrokenPipeError):  # `otel-graph report ... | head`
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 1
+        print(f"otel-graph: {exc.filename or ''}{': ' if exc.filename else ''}{exc.strerror or exc}",
+              file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
@@ -78,9 +90,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             write_html(loaded, args.html)
             print(f"\nHTML report: {args.html}")
         return 0
-    if args.command == "export":
-        return _export_chrome(args.chrome, args.output)
-    return _run_script(args.script, args.args)
+    return _export_chrome(args.chrome, args.output)
 
 
 def _export_chrome(paths: Sequence[Path], output: Path) -> int:
@@ -107,16 +117,19 @@ def _export_chrome(paths: Sequence[Path], output: Path) -> int:
 
 def _run_script(script: Path, args: Sequence[str]) -> int:
     if not script.is_file():
-        raise BadTelemetryFile(f"{script}: no such script")
+        print(f"otel-graph: {script}: no such script", file=sys.stderr)
+        return 2
     import otel_graph
 
-    otel_graph.instrument_scheduler()
-    sys.argv = [str(script), *args]
-    sys.path.insert(0, str(script.resolve().parent))
     try:
-        runpy.run_path(str(script), run_name="__main__")
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        otel_graph.instrument_scheduler()
+    except ConfigurationError as exc:
+        print(f"otel-graph: {exc}", file=sys.stderr)
+        return 2
+    path = script.resolve()
+    sys.argv = [str(script), *args]
+    sys.path[0] = str(path.parent)  # as `python script.py` has it, not this command's directory
+    runpy.run_path(str(path), run_name="__main__")  # SystemExit and exceptions propagate as usual
     return 0
 
 

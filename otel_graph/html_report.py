@@ -53,7 +53,7 @@ def write_html(loaded: Any, path: Path) -> None:
     spans = [s for c in computes for s in c.tasks if "dask.task.count" not in s.attributes]
     spans.sort(key=lambda s: s.duration_ns, reverse=True)
     shown = spans[:MAX_BARS]
-    origin = min((c.root.start_ns for c in computes), default=0)
+    origin = min([c.root.start_ns for c in computes] or [p.time_ns for p in loaded.points] or [0])
     longest = max(computes, key=lambda c: c.wall_ns, default=None)
     on_path = {step.span.span_id for step in critical_path(longest).steps} if longest else set()
 
@@ -76,6 +76,9 @@ def write_html(loaded: Any, path: Path) -> None:
         critical = span.span_id in on_path
         data["line"].append("red" if critical else None)
         data["width"].append(3 if critical else 0)
+    if not shown:  # an empty source would make Bokeh log errors in the browser
+        data = {name: [] for name in ("left", "right", "lane", "prefix", "key", "duration", "nbytes", "colour",
+                                      "line", "width")}
     stream = figure(title="Task stream (bars outlined in red: critical path of the longest compute)",
                     y_range=lanes or ["-"], x_axis_label="seconds since the first compute started",
                     height=max(250, 22 * len(lanes) + 120), sizing_mode="stretch_width",
@@ -112,7 +115,7 @@ def write_html(loaded: Any, path: Path) -> None:
         TableColumn(field="errors", title="errors")]))
     html = bokeh.embed.file_html(column(*parts, sizing_mode="stretch_width"), resources=bokeh.resources.INLINE,
                                  title="otel-graph report")
-    path.write_text(html, encoding="utf-8")
+    path.write_text(html, encoding="utf-8")  # OSError: reported by the command as one line
 
 
 def _lane(span: Any) -> str:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import os
 import sys
 import time
@@ -125,7 +126,7 @@ class TelemetryFile:
             raise BadTelemetryFile(f"{path}: not a file")
         return cls(path, progress=progress)
 
-    def _requests(self) -> Iterator[dict[str, Any]]:
+    def _requests(self) -> Iterator[tuple[int, dict[str, Any]]]:
         try:
             handle = self.path.open("rb")
         except OSError as exc:
@@ -140,6 +141,8 @@ class TelemetryFile:
                     continue
                 try:
                     request = _loads(raw)
+                except RecursionError:
+                    raise BadTelemetryFile(f"{self.path}:{number}: not JSON (nested too deeply)") from None
                 except ValueError as exc:
                     reason = getattr(exc, "msg", None) or str(exc).split(":")[0]
                     raise BadTelemetryFile(f"{self.path}:{number}: not JSON ({reason})") from None
@@ -147,7 +150,7 @@ class TelemetryFile:
                         {"resourceSpans", "resourceMetrics", "resourceLogs"} & request.keys()):
                     raise BadTelemetryFile(f"{self.path}:{number}: not an OTLP JSON export request "
                                            "(no resourceSpans, resourceMetrics or resourceLogs)")
-                yield request
+                yield number, request
 
     def read(self, *, point_names: tuple[str, ...] = ()) -> tuple[list[Span], list[Point]]:
         """Spans and (those named with one of ``point_names``'s prefixes) metric points, in one pass."""
@@ -158,55 +161,116 @@ class TelemetryFile:
         collecting = gc.isenabled()
         gc.disable()
         try:
-            for number, request in enumerate(self._requests(), 1):
+            for number, request in self._requests():
                 try:
                     spans.extend(_spans_of(request))
                     if point_names:
                         points.extend(p for p in _points_of(request) if p.name.startswith(point_names))
-                except (KeyError, TypeError, ValueError, AttributeError) as exc:
-                    raise BadTelemetryFile(f"{self.path}: request {number}: malformed data ({exc!r})") from None
+                except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+                    raise BadTelemetryFile(f"{self.path}:{number}: malformed data ({_reason(exc)})") from None
         finally:
             if collecting:
                 gc.enable()
         return spans, points
 
     def spans(self) -> Iterator[Span]:
-        for number, request in enumerate(self._requests(), 1):
+        for number, request in self._requests():
             try:
-                yield from _spans_of(request)
-            except (KeyError, TypeError, ValueError, AttributeError) as exc:
-                raise BadTelemetryFile(f"{self.path}: request {number}: malformed span data ({exc!r})") from None
+                spans = list(_spans_of(request))
+            except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+                raise BadTelemetryFile(f"{self.path}:{number}: malformed span data ({_reason(exc)})") from None
+            yield from spans
 
-    def points(self) -> Iterator[Point]:
-        for number, request in enumerate(self._requests(), 1):
-            try:
-                yield from _points_of(request)
-            except (KeyError, TypeError, ValueError, AttributeError) as exc:
-                raise BadTelemetryFile(f"{self.path}: request {number}: malformed metric data ({exc!r})") from None
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, KeyError):
+        return f"missing {exc.args[0]!r}" if exc.args else "a field is missing"
+    return f"{type(exc).__name__}: {exc}"[:200]
+
+
+def _count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"dask.task.count must be a count, not {value!r}")
+    return int(value)
+
+
+def _seconds(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"a duration must be a number of seconds, not {value!r}")
+    return float(value)
+
+
+def _text_list(value: Any) -> list[str]:
+    if not isinstance(value, list):
+        raise ValueError(f"dask.task.dependencies must be a list, not {value!r}"[:120])
+    return [v if isinstance(v, str) else json.dumps(v) for v in value]
+
+
+def _int_or_drop(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+# What each attribute the analyses read must be: a bad essential value rejects the file
+# (raise), a bad descriptive one is dropped (None), a key of any shape becomes text.
+_CHECKS: dict[str, Any] = {
+    "dask.task.count": _count,
+    "dask.task.duration.sum": _seconds,
+    "dask.task.duration.max": _seconds,
+    "dask.task.dependencies": _text_list,
+    "dask.task.dependency_count": _count,
+    "dask.task.nbytes": _int_or_drop,
+    "thread.id": _int_or_drop,
+    "dask.graph.tasks": _int_or_drop,
+    "dask.task.key": lambda v: v if isinstance(v, str) else json.dumps(v),
+    "dask.task.prefix": lambda v: v if isinstance(v, str) else json.dumps(v),
+    "dask.worker.id": str,
+    "dask.worker.name": str,
+}
+
+
+def _checked(attributes: dict[str, Any]) -> dict[str, Any]:
+    for name, check in _CHECKS.items():
+        if name in attributes:
+            value = check(attributes[name])
+            if value is None:
+                del attributes[name]
+            else:
+                attributes[name] = value
+    return attributes
+
+
+def _id(value: Any, name: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{name} must be a hex string, not {value!r}"[:120])
+    return value
 
 
 def _spans_of(request: dict[str, Any]) -> Iterator[Span]:
     for resource_spans in request.get("resourceSpans", ()):
-        resource = _attributes(resource_spans.get("resource", {}).get("attributes", ()), KEPT_RESOURCE)
+        resource = {k: str(v) for k, v in _attributes(resource_spans.get("resource", {}).get("attributes", ()),
+                                                       KEPT_RESOURCE).items()}
         for scope_spans in resource_spans.get("scopeSpans", ()):
             for span in scope_spans.get("spans", ()):
+                start, end = int(span["startTimeUnixNano"]), int(span["endTimeUnixNano"])
                 yield Span(
-                    span["traceId"], span["spanId"], span.get("parentSpanId", ""), span.get("name", ""),
-                    int(span["startTimeUnixNano"]), int(span["endTimeUnixNano"]),
-                    _attributes(span.get("attributes", ()), KEPT_ATTRIBUTES),
+                    _id(span["traceId"], "traceId"), _id(span["spanId"], "spanId"),
+                    _id(span.get("parentSpanId", ""), "parentSpanId"), str(span.get("name", "")),
+                    start, max(start, end),  # a clock that stepped back must not make negative time
+                    _checked(_attributes(span.get("attributes", ()), KEPT_ATTRIBUTES)),
                     int(span.get("status", {}).get("code", 0)), resource,
                 )
 
 
 def _points_of(request: dict[str, Any]) -> Iterator[Point]:
     for resource_metrics in request.get("resourceMetrics", ()):
-        resource = _attributes(resource_metrics.get("resource", {}).get("attributes", ()), KEPT_RESOURCE)
+        resource = {k: str(v) for k, v in _attributes(resource_metrics.get("resource", {}).get("attributes", ()),
+                                                       KEPT_RESOURCE).items()}
         for scope_metrics in resource_metrics.get("scopeMetrics", ()):
             for metric in scope_metrics.get("metrics", ()):
                 for kind in ("gauge", "sum"):
                     for point in metric.get(kind, {}).get("dataPoints", ()):
                         value = point.get("asDouble", point.get("asInt"))
-                        if value is None:
+                        if value is None or not math.isfinite(float(value)):
                             continue
                         yield Point(metric["name"], int(point.get("timeUnixNano", 0)), float(value),
                                     _attributes(point.get("attributes", ())), resource)

@@ -239,3 +239,31 @@ def test_critical_path_on_a_hand_built_graph(tmp_path):
     assert run.returncode == 0, run.stderr
     assert "3 tasks; on the path 50.0 ms (77% of wall), idle gaps 10.0 ms" in run.stdout
     assert "more dependencies than were recorded" in run.stdout
+
+
+@pytest.mark.parametrize("attribute, value", [
+    ("dask.task.count", {"stringValue": "many"}),
+    ("dask.task.duration.sum", {"doubleValue": "NaN"}),
+    ("dask.task.dependencies", {"intValue": "3"}),
+])
+def test_wrongly_typed_attributes_get_one_clear_line(tmp_path, attribute, value):
+    span = _hand_span("01" * 8, "inc", 0, 10, parent="00" * 8, attributes={"dask.task.prefix": "inc"})
+    span["attributes"].append({"key": attribute, "value": value})
+    path = tmp_path / "typed.jsonl"
+    path.write_text("\n" + _otlp_line([_hand_span("00" * 8, "dask.compute", 0, 20), span]) + "\n")
+    run = cli("report", str(path))
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    (line,) = run.stderr.strip().splitlines()
+    assert line.startswith(f"otel-graph: {path}:2: malformed data"), line  # the real line number
+
+
+def test_run_behaves_like_python(tmp_path):
+    script = tmp_path / "fails.py"
+    script.write_text("import sys\nprint('ARGV', sys.argv[1:], __file__)\nraise ValueError('from the script')\n")
+    run = cli("run", str(script), "--flag", "x")
+    assert run.returncode == 1
+    assert f"ARGV ['--flag', 'x'] {script}" in run.stdout
+    assert "ValueError: from the script" in run.stderr and "Traceback" in run.stderr
+    script.write_text("import sys\nsys.exit('fatal: bad config')\n")
+    run = cli("run", str(script))
+    assert run.returncode == 1 and "fatal: bad config" in run.stderr
