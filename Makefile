@@ -4,8 +4,9 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed-test
 SYSTEM := $(VENV)/.system-packages
-# Debian packages the tests drive for real: chromium (the HTML report in a headless browser).
-DEBIAN_PACKAGES := chromium
+# Debian packages the tests drive for real: chromium (the HTML report in a headless browser)
+# and prometheus (every dashboard and alert query, evaluated by a real Prometheus).
+DEBIAN_PACKAGES := chromium prometheus
 
 .PHONY: test demo venv bench clean
 
@@ -17,7 +18,7 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PIP) install -q -e '.[test]'
 	touch $@
 
-$(SYSTEM): | $(PY)
+$(SYSTEM): Makefile | $(PY)
 	@missing=""; for p in $(DEBIAN_PACKAGES); do command -v $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -z "$$missing" ]; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \

@@ -1,0 +1,83 @@
+"""Real Prometheus scraping real instrumented workloads (``OTEL_METRICS_EXPORTER=prometheus``).
+
+The groundwork of the stack's proof: the metric names and labels that dashboards and
+alert rules query are the ones Prometheus really stores, for a local-scheduler run and
+for a LocalCluster whose worker processes each serve their own port.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import subprocess_env
+from prometheus_server import PROMETHEUS, PrometheusServer, QueryError, free_port
+
+pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="Debian prometheus is installed by `make test` (as root)")
+
+APPS = Path(__file__).parent / "apps"
+
+
+class Held:
+    """An app that computes, then stays up (serving /metrics) until told to go."""
+
+    def __init__(self, args: list[str], env: dict[str, str], ready: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, *args], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        for line in self.proc.stdout:
+            if line.startswith(ready):
+                return
+        raise AssertionError(f"app ended early: {self.proc.stderr.read()[-3000:]}")
+
+    def release(self) -> None:
+        self.proc.communicate("\n", timeout=60)
+
+
+def prometheus_env(port: int, **extra: str) -> dict[str, str]:
+    return subprocess_env(OTEL_METRICS_EXPORTER="prometheus", OTEL_TRACES_EXPORTER="none",
+                          OTEL_EXPORTER_PROMETHEUS_HOST="127.0.0.1", OTEL_EXPORTER_PROMETHEUS_PORT=str(port),
+                          OTEL_SERVICE_NAME="etl", **extra)
+
+
+def test_a_local_run_is_scraped_with_the_names_dashboards_use():
+    port = free_port()
+    app = Held([str(APPS / "compute.py"), "--tasks", "40", "--fail", "--busy-ms", "2", "--wait-stdin"],
+               prometheus_env(port), ready="COMPUTED")
+    try:
+        with PrometheusServer({"etl": [f"127.0.0.1:{port}"]}) as prometheus:
+            assert prometheus.wait_for("sum(dask_task_duration_seconds_count)", lambda r: r and r[0]["value"] == 41,
+                                       timeout_s=30)
+            by_outcome = {r["metric"]["dask_task_outcome"]: r["value"] for r in prometheus.query(
+                'sum by (dask_task_outcome) (dask_task_duration_seconds_count{dask_task_prefix=~"inc|boom"})')}
+            assert by_outcome == {"success": 40, "error": 1}
+            (p95,) = prometheus.query('histogram_quantile(0.95, sum by (le) (dask_task_duration_seconds_bucket'
+                                      '{dask_task_prefix="inc"}))')
+            assert 0.001 <= p95["value"] <= 1.0  # each inc burns 2 ms of CPU
+            assert prometheus.query("dask_compute_duration_seconds_count")[0]["metric"]["dask_scheduler"] == "sync"
+            assert prometheus.wait_for("process_cpu_utilization", bool, timeout_s=30)
+            assert prometheus.query('otel_sdk_exporter_metric_data_point_exported_total') is not None
+            with pytest.raises(QueryError, match="parse"):
+                prometheus.query("sum(by")  # a query that does not parse is an error, not an empty answer
+    finally:
+        app.release()
+
+
+def test_a_local_cluster_serves_every_process_and_the_scheduler_gauges():
+    port = free_port()
+    # Worker processes find the port taken by the client and move to the next free ones.
+    ports = [port, *range(port + 1, port + 8)]
+    app = Held([str(APPS / "cluster.py"), "--hold", "--flush"], prometheus_env(port), ready="HOLDING")
+    try:
+        with PrometheusServer({"etl": [f"127.0.0.1:{p}" for p in ports]}) as prometheus:
+            assert prometheus.wait_for('sum(dask_task_duration_seconds_count{dask_scheduler="distributed"})',
+                                       lambda r: r and r[0]["value"] == 21, timeout_s=30)
+            assert prometheus.wait_for("dask_scheduler_workers", lambda r: r and r[0]["value"] == 2, timeout_s=30)
+            states = {r["metric"]["dask_memory_state"] for r in prometheus.query("dask_worker_memory_usage_bytes")}
+            assert states == {"managed", "unmanaged", "spilled"}
+            assert len(prometheus.query("dask_worker_memory_limit_bytes")) == 2
+            up = [r for r in prometheus.query("up") if r["value"] == 1]
+            assert len(up) == 3, "the client and both workers each serve /metrics"
+    finally:
+        app.release()
