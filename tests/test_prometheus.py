@@ -81,3 +81,66 @@ def test_a_local_cluster_serves_every_process_and_the_scheduler_gauges():
             assert len(up) == 3, "the client and both workers each serve /metrics"
     finally:
         app.release()
+
+
+# -- every dashboard query, against a real Prometheus -------------------------------------------
+DASHBOARDS = Path(__file__).resolve().parent.parent / "grafana" / "dashboards"
+#: Panels that cannot have data here: no GPU on this machine, no collector without Docker.
+NO_DATA_HERE = {("dask-resources", "GPU utilisation per device"), ("dask-resources", "GPU memory per device"),
+                ("otel-graph-health", "Collector: refused and failed")}
+
+
+def expand(expr: str) -> str:
+    """Grafana's macros and this dashboard's variables, as Grafana would send them (all values)."""
+    import re
+
+    for name, value in (("$__rate_interval", "1m"), ("$__interval", "15s"), ("$__range", "5m"),
+                        ("$service", ".*"), ("$prefix", ".*"), ("$worker", ".*")):
+        expr = expr.replace(name, value)
+    # label_values(selector, label) is Grafana's, not PromQL: ask for the same thing as a query.
+    match = re.fullmatch(r"label_values\((.*), *(\w+)\)", expr.strip())
+    return f"count by ({match.group(2)}) ({match.group(1)})" if match else expr
+
+
+def dashboard_queries() -> list[tuple[str, str, str]]:
+    import json
+
+    found = []
+    for path in sorted(DASHBOARDS.glob("*.json")):
+        board = json.loads(path.read_text())
+        for variable in board["templating"]["list"]:
+            found.append((board["uid"], f"variable {variable['name']}", variable["definition"]))
+        for panel in board["panels"]:
+            for target in panel["targets"]:
+                found.append((board["uid"], panel["title"], target["expr"]))
+    return found
+
+
+def test_every_dashboard_query_parses_and_the_non_gpu_panels_have_data():
+    queries = dashboard_queries()
+    assert len(queries) >= 25 and {uid for uid, _, _ in queries} == {"dask-overview", "dask-resources",
+                                                                      "otel-graph-health"}
+    local_port, cluster_port = free_port(), free_port()
+    local = Held([str(APPS / "compute.py"), "--tasks", "40", "--fail", "--busy-ms", "2", "--wait-stdin"],
+                 prometheus_env(local_port), ready="COMPUTED")
+    cluster = None
+    try:
+        cluster = Held([str(APPS / "cluster.py"), "--hold", "--flush"], prometheus_env(cluster_port), ready="HOLDING")
+        targets = {"etl-local": [f"127.0.0.1:{local_port}"],
+                   "etl-cluster": [f"127.0.0.1:{p}" for p in range(cluster_port, cluster_port + 8)]}
+        with PrometheusServer(targets) as prometheus:
+            # Wait until both runs' task counts are in and a few scrapes exist for the rates.
+            assert prometheus.wait_for("count(count by (job) (dask_task_duration_seconds_count))",
+                                       lambda r: r and r[0]["value"] == 2, timeout_s=30)
+            assert prometheus.wait_for("count_over_time(up[1m])", lambda r: r and min(x["value"] for x in r) >= 5,
+                                       timeout_s=30)
+            empty = []
+            for uid, title, expr in queries:
+                result = prometheus.query(expand(expr))  # raises QueryError if it does not parse
+                if not result and (uid, title) not in NO_DATA_HERE:
+                    empty.append(f"{uid} / {title}: {expr}")
+            assert empty == []
+    finally:
+        local.release()
+        if cluster is not None:
+            cluster.release()
