@@ -36,9 +36,10 @@ class Held:
 
 
 def prometheus_env(port: int, **extra: str) -> dict[str, str]:
-    return subprocess_env(OTEL_METRICS_EXPORTER="prometheus", OTEL_TRACES_EXPORTER="none",
-                          OTEL_EXPORTER_PROMETHEUS_HOST="127.0.0.1", OTEL_EXPORTER_PROMETHEUS_PORT=str(port),
-                          OTEL_SERVICE_NAME="etl", **extra)
+    settings = {"OTEL_METRICS_EXPORTER": "prometheus", "OTEL_TRACES_EXPORTER": "none",
+                "OTEL_EXPORTER_PROMETHEUS_HOST": "127.0.0.1", "OTEL_EXPORTER_PROMETHEUS_PORT": str(port),
+                "OTEL_SERVICE_NAME": "etl", **extra}
+    return subprocess_env(**settings)
 
 
 def test_a_local_run_is_scraped_with_the_names_dashboards_use():
@@ -144,3 +145,74 @@ def test_every_dashboard_query_parses_and_the_non_gpu_panels_have_data():
         local.release()
         if cluster is not None:
             cluster.release()
+
+
+# -- alert rules: true under their fault, false in a healthy run --------------------------------
+RULES = Path(__file__).resolve().parent.parent / "grafana" / "provisioning" / "alerting" / "rules.yaml"
+LOCAL = [str(APPS / "compute.py"), "--tasks", "20", "--wait-stdin"]
+CLUSTER = [str(APPS / "cluster.py"), "--hold", "--flush"]
+
+
+def alert_rules() -> dict[str, dict]:
+    import yaml
+
+    (group,) = yaml.safe_load(RULES.read_text())["groups"]
+    return {rule["uid"]: rule for rule in group["rules"]}
+
+
+def firing(prometheus: PrometheusServer, rule: dict) -> bool:
+    """Grafana's evaluation of the rule: query A, reduce B (last), threshold C (gt), on any series."""
+    query, reduce, threshold = (item["model"] for item in rule["data"])
+    assert reduce["type"] == "reduce" and reduce["reducer"] == "last"
+    assert threshold["type"] == "threshold" and threshold["expression"] == "B"
+    (condition,) = threshold["conditions"]
+    assert condition["evaluator"]["type"] == "gt"
+    limit = condition["evaluator"]["params"][0]
+    return any(r["value"] > limit for r in prometheus.query(query["expr"]))
+
+
+# (rule, app under its fault, ready marker, extra env, healthy app, ready marker)
+SCENARIOS = {
+    "dask-task-errors": ([*LOCAL, "--fail"], "COMPUTED", {}, LOCAL, "COMPUTED"),
+    "dask-worker-memory": ([*CLUSTER, "--memory-limit", "60MB", "--no-memory-guard"], "HOLDING", {},
+                           CLUSTER, "HOLDING"),
+    "dask-stalled": ([*CLUSTER[:-1], "--workload", "stall"], "HOLDING", {}, CLUSTER, "HOLDING"),
+    "otel-graph-telemetry-lost": (LOCAL, "COMPUTED", {"OTEL_TRACES_EXPORTER": "otlp",
+                                                       "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9",
+                                                       "OTEL_GRAPH_MAX_QUEUED_SPANS": "1"}, LOCAL, "COMPUTED"),
+}
+
+
+def test_every_alert_rule_is_linked_and_its_query_parses():
+    rules = alert_rules()
+    assert set(rules) == {*SCENARIOS, "dask-gpu-memory"}  # GPU: no GPU here, its query is only parsed
+    boards = {path.stem: path for path in DASHBOARDS.glob("*.json")}
+    with PrometheusServer({}) as prometheus:
+        for rule in rules.values():
+            annotations = rule["annotations"]
+            import json
+
+            board = json.loads(boards[annotations["__dashboardUid__"]].read_text())
+            assert int(annotations["__panelId__"]) in {p["id"] for p in board["panels"]}, rule["uid"]
+            assert not firing(prometheus, rule), rule["uid"]  # parses; nothing to fire on in an empty server
+
+
+@pytest.mark.parametrize("uid", sorted(SCENARIOS))
+def test_alert_fires_under_its_fault_and_not_in_a_healthy_run(uid):
+    rule = alert_rules()[uid]
+    fault_args, fault_ready, fault_env, healthy_args, healthy_ready = SCENARIOS[uid]
+    for args, ready, env, expected in ((fault_args, fault_ready, fault_env, True),
+                                       (healthy_args, healthy_ready, {}, False)):
+        port = free_port()
+        app = Held(args, prometheus_env(port, **env), ready=ready)
+        try:
+            with PrometheusServer({"etl": [f"127.0.0.1:{p}" for p in range(port, port + 8)]}) as prometheus:
+                # Let a few scrapes land, with the run's telemetry in them, before judging.
+                assert prometheus.wait_for("count_over_time(up[1m])",
+                                           lambda r: r and min(x["value"] for x in r) >= 4, timeout_s=30)
+                if expected:
+                    assert prometheus.wait_for("vector(1)", lambda r: firing(prometheus, rule), timeout_s=30), uid
+                else:
+                    assert not firing(prometheus, rule), uid
+        finally:
+            app.release()

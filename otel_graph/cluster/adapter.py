@@ -12,7 +12,7 @@ the one to fix. Checked against distributed 2026.8:
   worker adds ``worker.scheduler_delay``); ``disk-read``/``disk-write`` are on the
   worker's own. :func:`task_run` puts them all back on the worker's clock.
 * transfers are logged with their bytes in ``worker.transfer_incoming_log``.
-* scheduler: ``task_prefixes[*].state_counts``, ``workers[*].memory`` (a
+* scheduler: ``task_prefixes[*].states`` (current counts), ``workers[*].memory`` (a
   ``MemoryState``) and ``workers[*].memory_limit``.
 
 Every function here tolerates a missing field by returning less, never by raising.
@@ -275,11 +275,15 @@ def current_task_annotation(*, annotation_name: str) -> Any:
 
 # -- scheduler ------------------------------------------------------------------------------
 def task_states(scheduler: Any) -> dict[str, int]:
-    """Tasks the scheduler knows, by state, summed over prefixes: O(prefixes), not O(tasks)."""
+    """Tasks the scheduler holds now, by state: O(prefixes), not O(tasks).
+
+    From ``TaskPrefix.states`` (current counts). Not ``TaskPrefix.state_counts``: those
+    count every task that ever passed through a state.
+    """
     totals: dict[str, int] = {}
     for prefix in list(scheduler.task_prefixes.values()):
-        for state, count in dict(prefix.state_counts).items():
-            if state != "forgotten" and count:
+        for state, count in dict(prefix.states).items():
+            if state != "forgotten":  # zeros too: a dashboard line at 0, not "no data"
                 totals[state] = totals.get(state, 0) + count
     return totals
 

@@ -7,13 +7,14 @@ Configured the user's way, through OTEL_* variables, plus arguments:
 ``--attach``             pass the client: instrument_scheduler(client=client)
 ``--scheduler ADDR``     connect to a running scheduler instead of a LocalCluster
 ``--workload NAME``      sum (default), fail, transfer, spill, persist, kill, many,
-                         retry, map, nested, slow, pause
+                         retry, map, nested, slow, pause, stall
 ``--memory-limit TEXT``  per-worker memory limit (for spill)
 ``--parent``             run the compute inside a span of the app's own
 ``--flush``              call handle.flush() before closing the client, print FLUSHED
 ``--wait-workers N``     wait for N workers first (with --scheduler)
 ``--flush-timeout S``    the flush's timeout (default 30)
 ``--debug-logs``         log everything at DEBUG to stderr
+``--no-memory-guard``    never pause, spill or kill workers for memory
 ``--hold``               after the work, print HOLDING and wait for a line on stdin
 
 It prints RESULT (or FAILED with the exception type), TRACE_ID/PARENT_SPAN_ID under
@@ -78,6 +79,9 @@ def total(*blocks: np.ndarray) -> int:
     return int(sum(int(b.sum()) for b in blocks))
 
 
+STALLED: list = []
+
+
 def workload(client: Client, name: str, workers: list[str]) -> object:
     if name == "sum":
         graph = {f"inc-{i}": (inc, i) for i in range(20)}
@@ -122,6 +126,10 @@ def workload(client: Client, name: str, workers: list[str]) -> object:
         return len(client.get(graph, list(graph)))
     if name == "pause":
         return client.get({"inc-0": (inc, 1)}, "inc-0")
+    if name == "stall":
+        # One task that takes far longer than the test looks: work in progress, nothing completing.
+        STALLED.append(client.submit(nap, 120, key="nap-stalled"))  # held, so it keeps running
+        return "stalled"
     if name == "persist":
         x = dask.delayed(operator.add)(1, 2, dask_key_name="add-1")
         (persisted,) = client.persist([x])
@@ -143,6 +151,7 @@ def main() -> None:
     parser.add_argument("--hold", action="store_true")
     parser.add_argument("--flush-timeout", type=float, default=30.0)
     parser.add_argument("--debug-logs", action="store_true")
+    parser.add_argument("--no-memory-guard", action="store_true")
     args = parser.parse_args()
     if args.debug_logs:
         import logging
@@ -155,6 +164,10 @@ def main() -> None:
         # Spill by managed memory only, and never pause or kill: the point is the disk traffic.
         dask.config.set({"distributed.worker.memory.target": 0.05, "distributed.worker.memory.spill": False,
                          "distributed.worker.memory.pause": False, "distributed.worker.memory.terminate": False})
+    if args.no_memory_guard:
+        # A low memory limit for the memory alert, without the worker being paused or killed.
+        dask.config.set({"distributed.worker.memory.pause": False, "distributed.worker.memory.terminate": False,
+                         "distributed.worker.memory.spill": False, "distributed.worker.memory.target": False})
     if args.workload == "kill":
         dask.config.set({"distributed.scheduler.allowed-failures": 0})
     cluster = None
