@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import subprocess_env
-from prometheus_server import PROMETHEUS, PrometheusServer, QueryError, free_port
+from prometheus_server import PROMETHEUS, PROMTOOL, PrometheusServer, QueryError, free_port
 
 pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="Debian prometheus is installed by `make test` (as root)")
 
@@ -216,3 +216,12 @@ def test_alert_fires_under_its_fault_and_not_in_a_healthy_run(uid):
                     assert not firing(prometheus, rule), uid
         finally:
             app.release()
+
+
+PROMETHEUS_CONFIG = Path(__file__).resolve().parent.parent / "collector" / "prometheus.yml"
+
+
+@pytest.mark.skipif(not PROMTOOL, reason="promtool comes with Debian's prometheus package")
+def test_the_stacks_prometheus_config_is_valid():
+    check = subprocess.run([PROMTOOL, "check", "config", str(PROMETHEUS_CONFIG)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
