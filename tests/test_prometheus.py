@@ -194,6 +194,8 @@ def test_every_alert_rule_is_linked_and_its_query_parses():
 
             board = json.loads(boards[annotations["__dashboardUid__"]].read_text())
             assert int(annotations["__panelId__"]) in {p["id"] for p in board["panels"]}, rule["uid"]
+            assert (rule["dashboardUid"], rule["panelId"]) == (annotations["__dashboardUid__"],
+                                                               int(annotations["__panelId__"]))
             assert not firing(prometheus, rule), rule["uid"]  # parses; nothing to fire on in an empty server
 
 
