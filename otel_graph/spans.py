@@ -110,7 +110,7 @@ function_names = _FunctionNames()
 
 
 @lru_cache(maxsize=4096)
-def _worker_id(worker: int) -> str:
+def _worker_id(worker: int | str) -> str:
     return str(worker)
 
 
@@ -118,7 +118,8 @@ def _worker_id(worker: int) -> str:
 key_text = lru_cache(maxsize=1 << 14)(key_to_str)
 
 
-def task_attributes(ev: TaskEvent, prefix: str, graph: Mapping | None, state: Mapping | None) -> dict[str, Any]:
+def run_attributes(ev: Any, prefix: str) -> dict[str, Any]:
+    """What every task span says of its run, on any scheduler: key, prefix, where, and its outcome."""
     attributes: dict[str, Any] = {
         "dask.task.key": key_text(ev.key),
         "dask.task.prefix": prefix,
@@ -131,6 +132,11 @@ def task_attributes(ev: TaskEvent, prefix: str, graph: Mapping | None, state: Ma
             attributes["dask.task.nbytes"] = ev.nbytes
     else:
         attributes["error.type"] = ev.error.type_name
+    return attributes
+
+
+def task_attributes(ev: TaskEvent, prefix: str, graph: Mapping | None, state: Mapping | None) -> dict[str, Any]:
+    attributes = run_attributes(ev, prefix)
     if state is not None:
         deps = state["dependencies"].get(ev.key, ())
         attributes["dask.task.dependency_count"] = len(deps)

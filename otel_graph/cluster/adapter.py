@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from itertools import islice
 from typing import Any, NamedTuple
 
-from otel_graph.events import ErrorInfo
+from otel_graph.events import ErrorInfo, describe_exception
 
 #: Dependency keys kept per task; the count is always kept in full.
 MAX_DEPENDENCIES = 32
@@ -131,13 +131,9 @@ def _error(ts: Any) -> ErrorInfo:
         except Exception:
             exception = None
     if isinstance(exception, BaseException):
-        kind = type(exception)
-        module = kind.__module__
-        type_name = kind.__qualname__ if module in ("builtins", None) else f"{module}.{kind.__qualname__}"
-        try:
-            message = str(exception)
-        except Exception:
-            message = ts.exception_text or ""
+        # The core's naming and bounds; the stack is the worker's text (this copy has none).
+        described = describe_exception(exception)
+        type_name, message = described.type_name, described.message
     else:
         text = ts.exception_text or ""
         type_name, message = text.split("(", 1)[0] or "Exception", text

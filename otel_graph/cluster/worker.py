@@ -51,7 +51,7 @@ from otel_graph.cluster import adapter
 from otel_graph.cluster.propagation import ANNOTATION, budget_of, parent_span, seal_env, unseal_env
 from otel_graph.events import ErrorInfo, task_prefix
 from otel_graph.policy import Aggregate, SpanPlan
-from otel_graph.spans import aggregate_attributes, function_names, key_text
+from otel_graph.spans import aggregate_attributes, function_names, key_text, run_attributes
 
 logger = logging.getLogger("otel_graph")
 
@@ -276,21 +276,10 @@ class WorkerTelemetry:
 
     def _attributes(self, ev: WorkerEvent, prefix: str) -> dict[str, Any]:
         run = ev.run
-        attributes: dict[str, Any] = {
-            "dask.task.key": key_text(ev.key),
-            "dask.task.prefix": prefix,
-            "dask.worker.id": self.address,
-            "dask.worker.name": self.name,
-            "thread.id": ev.thread,
-            "dask.task.dependency_count": run.dependency_count,
-            "dask.task.dependent_count": run.dependent_count,
-        }
-        if ev.error is None:
-            attributes["dask.task.type"] = ev.type_name
-            if ev.nbytes >= 0:
-                attributes["dask.task.nbytes"] = ev.nbytes
-        else:
-            attributes["error.type"] = ev.error.type_name
+        attributes = run_attributes(ev, prefix)  # ev.worker is this worker's address
+        attributes["dask.worker.name"] = self.name
+        attributes["dask.task.dependency_count"] = run.dependency_count
+        attributes["dask.task.dependent_count"] = run.dependent_count
         if run.dependencies:
             attributes["dask.task.dependencies"] = tuple(sorted(map(key_text, run.dependencies)))
         functions = function_names(run.run_spec)
