@@ -6,6 +6,8 @@ waits until it is ready. ``query(expr)`` runs an instant query through the HTTP 
 (``/api/v1/query``) and returns the result vector; a query that does not parse raises
 :class:`QueryError` with Prometheus's own message. ``wait_for(expr, predicate)`` waits,
 on Prometheus's answers and a deadline, until the result satisfies ``predicate``.
+``honor_labels=True`` keeps the targets' own ``job`` and ``instance`` labels, as the
+stack's Prometheus does for the collector's exporter.
 
 Usage::
 
@@ -43,7 +45,8 @@ def free_port() -> int:
 
 
 class PrometheusServer:
-    def __init__(self, jobs: Mapping[str, Sequence[str]], *, scrape_interval_ms: int = 1000) -> None:
+    def __init__(self, jobs: Mapping[str, Sequence[str]], *, scrape_interval_ms: int = 1000,
+                 honor_labels: bool = False) -> None:
         if PROMETHEUS is None:
             raise RuntimeError("prometheus is not installed (make test installs Debian's package as root)")
         self._dir = Path(tempfile.mkdtemp(prefix="otel-graph-prometheus-"))
@@ -51,7 +54,8 @@ class PrometheusServer:
         lines = ["global:", f"  scrape_interval: {scrape_interval_ms}ms", f"  evaluation_interval: {scrape_interval_ms}ms",
                  "scrape_configs:"]
         for job, targets in jobs.items():
-            lines += [f"  - job_name: {json.dumps(job)}", "    static_configs:",
+            lines += [f"  - job_name: {json.dumps(job)}", f"    honor_labels: {json.dumps(honor_labels)}",
+                      "    static_configs:",
                       f"      - targets: {json.dumps(list(targets))}"]
         self.config = self._dir / "prometheus.yml"
         self.config.write_text("\n".join(lines) + "\n")

@@ -1,18 +1,25 @@
-"""Real Prometheus scraping real instrumented workloads (``OTEL_METRICS_EXPORTER=prometheus``).
+"""Real Prometheus, real instrumented workloads: the stack's dashboards and alerts proven.
 
-The groundwork of the stack's proof: the metric names and labels that dashboards and
-alert rules query are the ones Prometheus really stores, for a local-scheduler run and
-for a LocalCluster whose worker processes each serve their own port.
+Two paths. Without a collector (``OTEL_METRICS_EXPORTER=prometheus``), Prometheus scrapes
+each process's own endpoint, local scheduler and LocalCluster alike, under the SDK
+exporter's names. In the stack, Prometheus scrapes the collector, whose names differ
+(``collector_exporter.py``): every dashboard panel and alert rule is evaluated there, on
+telemetry the apps sent over OTLP, served under the collector's naming rules.
 """
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from collector_exporter import CollectorExposition
 from conftest import subprocess_env
+from otlp_receiver import OtlpReceiver
 from prometheus_server import PROMETHEUS, PROMTOOL, PrometheusServer, QueryError, free_port
 
 pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="Debian prometheus is installed by `make test` (as root)")
@@ -84,11 +91,27 @@ def test_a_local_cluster_serves_every_process_and_the_scheduler_gauges():
         app.release()
 
 
-# -- every dashboard query, against a real Prometheus -------------------------------------------
+# -- every dashboard query, against a real Prometheus, on the collector's names -------------------
+# The stack's Prometheus scrapes the collector's prometheus exporter, whose names differ from the
+# SDK exporter's (collector_exporter.py says how). So the apps below export OTLP, as in the stack,
+# to a real OTLP receiver; what it holds is served under the collector's naming rules and the
+# shipped exporter settings, and a real Prometheus scrapes that with honor_labels.
 DASHBOARDS = Path(__file__).resolve().parent.parent / "grafana" / "dashboards"
 #: Panels that cannot have data here: no GPU on this machine, no collector without Docker.
 NO_DATA_HERE = {("dask-resources", "GPU utilisation per device"), ("dask-resources", "GPU memory per device"),
                 ("otel-graph-health", "Collector: refused and failed")}
+
+
+@contextmanager
+def collector_stack() -> Iterator[tuple[OtlpReceiver, CollectorExposition, PrometheusServer]]:
+    with OtlpReceiver() as receiver, CollectorExposition(receiver) as exposition, \
+            PrometheusServer({"otel-collector": [exposition.target]}, honor_labels=True) as prometheus:
+        yield receiver, exposition, prometheus
+
+
+def otlp_env(receiver: OtlpReceiver, service: str, **extra: str) -> dict[str, str]:
+    settings = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.grpc_endpoint, "OTEL_SERVICE_NAME": service, **extra}
+    return subprocess_env(**settings)
 
 
 def expand(expr: str) -> str:
@@ -96,7 +119,7 @@ def expand(expr: str) -> str:
     import re
 
     for name, value in (("$__rate_interval", "1m"), ("$__interval", "15s"), ("$__range", "5m"),
-                        ("$service", ".*"), ("$prefix", ".*"), ("$worker", ".*")):
+                        ("$service", ".*"), ("$prefix", ".*"), ("$worker", ".*"), ("$host", ".*")):
         expr = expr.replace(name, value)
     # label_values(selector, label) is Grafana's, not PromQL: ask for the same thing as a query.
     match = re.fullmatch(r"label_values\((.*), *(\w+)\)", expr.strip())
@@ -110,7 +133,7 @@ def dashboard_queries() -> list[tuple[str, str, str]]:
     for path in sorted(DASHBOARDS.glob("*.json")):
         board = json.loads(path.read_text())
         for variable in board["templating"]["list"]:
-            found.append((board["uid"], f"variable {variable['name']}", variable["definition"]))
+            found.append((board["uid"], f"variable {variable['name']}", variable["query"]["query"]))
         for panel in board["panels"]:
             for target in panel["targets"]:
                 found.append((board["uid"], panel["title"], target["expr"]))
@@ -121,30 +144,33 @@ def test_every_dashboard_query_parses_and_the_non_gpu_panels_have_data():
     queries = dashboard_queries()
     assert len(queries) >= 25 and {uid for uid, _, _ in queries} == {"dask-overview", "dask-resources",
                                                                       "otel-graph-health"}
-    local_port, cluster_port = free_port(), free_port()
-    local = Held([str(APPS / "compute.py"), "--tasks", "40", "--fail", "--busy-ms", "2", "--wait-stdin"],
-                 prometheus_env(local_port), ready="COMPUTED")
-    cluster = None
-    try:
-        cluster = Held([str(APPS / "cluster.py"), "--hold", "--flush"], prometheus_env(cluster_port), ready="HOLDING")
-        targets = {"etl-local": [f"127.0.0.1:{local_port}"],
-                   "etl-cluster": [f"127.0.0.1:{p}" for p in range(cluster_port, cluster_port + 8)]}
-        with PrometheusServer(targets) as prometheus:
+    with collector_stack() as (receiver, _, prometheus):
+        local = Held([str(APPS / "compute.py"), "--tasks", "40", "--fail", "--busy-ms", "2", "--wait-stdin"],
+                     otlp_env(receiver, "etl-local"), ready="COMPUTED")
+        cluster = None
+        try:
+            cluster = Held([str(APPS / "cluster.py"), "--hold", "--flush"], otlp_env(receiver, "etl-cluster"),
+                           ready="HOLDING")
             # Wait until both runs' task counts are in and a few scrapes exist for the rates.
             assert prometheus.wait_for("count(count by (job) (dask_task_duration_seconds_count))",
                                        lambda r: r and r[0]["value"] == 2, timeout_s=30)
             assert prometheus.wait_for("count_over_time(up[1m])", lambda r: r and min(x["value"] for x in r) >= 5,
                                        timeout_s=30)
+            assert prometheus.wait_for("process_cpu_utilization_ratio", bool, timeout_s=30)
+            hosts = {r["metric"].get("host_name") for r in prometheus.query("process_memory_usage_bytes")}
+            assert hosts == {socket.gethostname()}, "host.name is a label on every process's readings"
+            workers = {r["metric"].get("dask_worker_id", "") for r in prometheus.query("process_memory_usage_bytes")}
+            assert len([w for w in workers if w.startswith("tcp://")]) == 2, workers
             empty = []
             for uid, title, expr in queries:
                 result = prometheus.query(expand(expr))  # raises QueryError if it does not parse
                 if not result and (uid, title) not in NO_DATA_HERE:
                     empty.append(f"{uid} / {title}: {expr}")
             assert empty == []
-    finally:
-        local.release()
-        if cluster is not None:
-            cluster.release()
+        finally:
+            local.release()
+            if cluster is not None:
+                cluster.release()
 
 
 # -- alert rules: true under their fault, false in a healthy run --------------------------------
@@ -177,21 +203,21 @@ SCENARIOS = {
     "dask-worker-memory": ([*CLUSTER, "--memory-limit", "60MB", "--no-memory-guard"], "HOLDING", {},
                            CLUSTER, "HOLDING"),
     "dask-stalled": ([*CLUSTER[:-1], "--workload", "stall"], "HOLDING", {}, CLUSTER, "HOLDING"),
-    "otel-graph-telemetry-lost": (LOCAL, "COMPUTED", {"OTEL_TRACES_EXPORTER": "otlp",
-                                                       "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9",
+    # Metrics reach the collector; spans go to a port where nothing listens.
+    "otel-graph-telemetry-lost": (LOCAL, "COMPUTED", {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:9",
                                                        "OTEL_GRAPH_MAX_QUEUED_SPANS": "1"}, LOCAL, "COMPUTED"),
 }
 
 
 def test_every_alert_rule_is_linked_and_its_query_parses():
+    import json
+
     rules = alert_rules()
     assert set(rules) == {*SCENARIOS, "dask-gpu-memory"}  # GPU: no GPU here, its query is only parsed
     boards = {path.stem: path for path in DASHBOARDS.glob("*.json")}
     with PrometheusServer({}) as prometheus:
         for rule in rules.values():
             annotations = rule["annotations"]
-            import json
-
             board = json.loads(boards[annotations["__dashboardUid__"]].read_text())
             assert int(annotations["__panelId__"]) in {p["id"] for p in board["panels"]}, rule["uid"]
             assert (rule["dashboardUid"], rule["panelId"]) == (annotations["__dashboardUid__"],
@@ -205,17 +231,34 @@ def test_alert_fires_under_its_fault_and_not_in_a_healthy_run(uid):
     fault_args, fault_ready, fault_env, healthy_args, healthy_ready = SCENARIOS[uid]
     for args, ready, env, expected in ((fault_args, fault_ready, fault_env, True),
                                        (healthy_args, healthy_ready, {}, False)):
-        port = free_port()
-        app = Held(args, prometheus_env(port, **env), ready=ready)
-        try:
-            with PrometheusServer({"etl": [f"127.0.0.1:{p}" for p in range(port, port + 8)]}) as prometheus:
+        with collector_stack() as (receiver, _, prometheus):
+            app = Held(args, otlp_env(receiver, "etl", **env), ready=ready)
+            try:
                 # Let a few scrapes land, with the run's telemetry in them, before judging.
                 assert prometheus.wait_for("count_over_time(up[1m])",
                                            lambda r: r and min(x["value"] for x in r) >= 4, timeout_s=30)
+                assert prometheus.wait_for("dask_compute_duration_seconds_count or dask_scheduler_workers", bool,
+                                           timeout_s=30)
                 if expected:
                     assert prometheus.wait_for("vector(1)", lambda r: firing(prometheus, rule), timeout_s=30), uid
                 else:
                     assert not firing(prometheus, rule), uid
+            finally:
+                app.release()
+
+
+def test_telemetry_lost_fires_when_prometheus_loses_the_collector():
+    # A dead collector cannot pass on otel_graph's own undelivered counts: the rule also
+    # watches whether Prometheus still reaches the collector.
+    rule = alert_rules()["otel-graph-telemetry-lost"]
+    with collector_stack() as (receiver, exposition, prometheus):
+        app = Held(LOCAL, otlp_env(receiver, "etl"), ready="COMPUTED")
+        try:
+            assert prometheus.wait_for("dask_compute_duration_seconds_count", bool, timeout_s=30)
+            assert not firing(prometheus, rule)
+            exposition.stop()
+            assert prometheus.wait_for('up{job="otel-collector"}', lambda r: r and r[0]["value"] == 0, timeout_s=30)
+            assert firing(prometheus, rule)
         finally:
             app.release()
 
