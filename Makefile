@@ -6,7 +6,12 @@ STAMP := $(VENV)/.installed-test
 SYSTEM := $(VENV)/.system-packages
 # Debian packages the tests drive for real: chromium (the HTML report in a headless browser)
 # and prometheus (every dashboard and alert query, evaluated by a real Prometheus).
-DEBIAN_PACKAGES := chromium prometheus
+DEBIAN_PACKAGES := chromium prometheus npm
+# npm packages for the dashboards' schema check: Grafana's published TypeScript schema, at
+# the version of the Grafana image in docker-compose.yml, and the TypeScript checker.
+NODE_DIR := $(VENV)/node
+NODE_STAMP := $(NODE_DIR)/.installed
+NODE_PACKAGES := @grafana/schema@12.4.11 typescript@5.9.3
 
 .PHONY: test demo venv bench clean
 
@@ -27,9 +32,14 @@ $(SYSTEM): Makefile | $(PY)
 	else echo "not root or no apt-get: install$$missing yourself, or the tests that need them are skipped"; fi
 	touch $@
 
+$(NODE_STAMP): Makefile | $(SYSTEM)
+	@if command -v npm >/dev/null 2>&1; then \
+		npm install --prefix $(NODE_DIR) --no-audit --no-fund --loglevel=error $(NODE_PACKAGES) && touch $@; \
+	else echo "no npm: the dashboards' schema check is skipped"; fi
+
 venv: $(STAMP)
 
-test: $(STAMP) $(SYSTEM)
+test: $(STAMP) $(SYSTEM) $(NODE_STAMP)
 	$(PY) -m pytest
 
 bench: $(STAMP)
