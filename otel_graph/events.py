@@ -27,6 +27,9 @@ from dask.utils import key_split
 #: Longest key string kept; longer keys are cut and marked, so a pathological key
 #: cannot blow up every span and log line it appears in.
 MAX_KEY_CHARS = 512
+#: Longest task prefix: it names spans and labels metrics, and a key with no ``-`` in it
+#: is its own prefix (a 10 MB string key once made 20 MB export requests).
+MAX_PREFIX_CHARS = 128
 MAX_MESSAGE_CHARS = 4096
 MAX_STACK_CHARS = 16384
 
@@ -54,10 +57,31 @@ class TaskEvent(NamedTuple):
         return self.end_ns - self.start_ns
 
 
-def _cut(text: str, limit: int) -> str:
-    if len(text) <= limit:
+def safe_text(text: str) -> str:
+    """``text``, made encodable as UTF-8: lone surrogates (from ``os.fsdecode``, a
+    ``surrogateescape`` decode, or a hostile ``__str__``) are shown escaped.
+
+    Every string that leaves for an exporter passes here once: protobuf refuses to
+    encode a surrogate, and one such attribute would fail its whole export batch.
+
+    >>> safe_text("ok-" + chr(0xDCFF))
+    'ok-\\\\udcff'
+    >>> safe_text("ünïcødé")
+    'ünïcødé'
+    """
+    if text.isascii():
         return text
-    return f"{text[:limit]}… [{len(text) - limit} more characters]"
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode()
+    return text
+
+
+def _cut(text: str, limit: int) -> str:
+    if len(text) > limit:
+        text = f"{text[:limit]}… [{len(text) - limit} more characters]"
+    return safe_text(text)
 
 
 def key_to_str(key: Any) -> str:
@@ -95,7 +119,7 @@ def task_prefix(key: Any) -> str:
     while type(key) is tuple and key:
         key = key[0]
     try:
-        return key_split(key)
+        return _cut(key_split(key), MAX_PREFIX_CHARS)
     except Exception:
         return "Other"
 
@@ -105,6 +129,7 @@ def describe_exception(exc: BaseException) -> ErrorInfo:
     kind = type(exc)
     module = kind.__module__
     name = kind.__qualname__ if module in ("builtins", None) else f"{module}.{kind.__qualname__}"
+    name = _cut(str(name), MAX_KEY_CHARS)
     try:
         message = str(exc)
     except Exception:
@@ -116,4 +141,4 @@ def describe_exception(exc: BaseException) -> ErrorInfo:
     # Keep the end of the stack: the frame that raised is the one a user needs.
     if len(stack) > MAX_STACK_CHARS:
         stack = f"[{len(stack) - MAX_STACK_CHARS} characters cut]…{stack[-MAX_STACK_CHARS:]}"
-    return ErrorInfo(name, _cut(message, MAX_MESSAGE_CHARS), stack)
+    return ErrorInfo(name, _cut(message, MAX_MESSAGE_CHARS), safe_text(stack))

@@ -137,7 +137,8 @@ def observe_memory(meter: Meter, held: Callable[[], Iterable[tuple[str, int, int
 
     def usage(options: CallbackOptions) -> Iterable[Observation]:
         current = measured.pop() if measured else totals()
-        return [Observation(v[1], {"dask.scheduler": s}) for s, v in current.items()]
+        # Lying __sizeof__s can add up past OTLP's int64, which would fail the whole export.
+        return [Observation(min(v[1], (1 << 63) - 1), {"dask.scheduler": s}) for s, v in current.items()]
 
     meter.create_observable_up_down_counter(
         "dask.memory.tasks", callbacks=[tasks], unit="{task}",

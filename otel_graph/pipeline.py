@@ -8,7 +8,10 @@ took 50 ms per batch. :class:`ReliableSpanProcessor` instead:
   only past that bound does it drop, oldest first, and it counts what it drops;
 * exports from one thread in batches; a failed batch goes back to the head of the
   queue and is retried with exponential backoff (capped at 5 s), so data is delivered
-  when a collector that was down comes back;
+  when a collector that was down comes back; a span the exporter raises on is found
+  by halving its batch, and given up on alone, counted, rather than blocking the queue;
+  after a failure the next batch is half the size (doubling back on success), so a
+  batch too large for the collector is not retried whole forever;
 * never blocks the caller of ``on_end``: a slow or hung collector only grows the queue;
 * :meth:`deliver_remaining` is what runs at exit: it keeps exporting while the
   collector makes progress and gives up after ``timeout_s`` without progress,
@@ -42,6 +45,14 @@ from otel_graph.histograms import HistogramSet
 logger = logging.getLogger("otel_graph")
 
 MAX_BACKOFF_S = 5.0
+#: Event text (exception messages and stack traces) per export request at most, well
+#: under gRPC's and the collector's 4 MB default request limit.
+MAX_EVENT_BYTES = 2_500_000
+
+
+def _event_text_bytes(span: ReadableSpan) -> int:
+    return sum(len(value) for event in span.events for value in (event.attributes or {}).values()
+               if isinstance(value, str))
 
 
 class ReliableSpanProcessor(SpanProcessor):
@@ -59,6 +70,11 @@ class ReliableSpanProcessor(SpanProcessor):
         self._flushing = 0
         self._stopped = False
         self._warned = False
+        self._warned_unexportable = False
+        # Halved after a failure, doubled back after a success: a batch the collector
+        # refuses for its size (gRPC's 4 MB default, reached by 512 failed tasks' stack
+        # traces) would otherwise be retried whole, forever, holding up every span behind it.
+        self._batch_limit = max_batch
         self.exported = 0
         self.dropped = 0
         self.failed_attempts = 0
@@ -152,8 +168,20 @@ class ReliableSpanProcessor(SpanProcessor):
 
     def _take_batch(self) -> list[ReadableSpan]:
         queue = self._queue
-        count = min(len(queue), self._max_batch)
-        batch = [queue.popleft() for _ in range(count)]
+        count = min(len(queue), self._batch_limit)
+        batch: list[ReadableSpan] = []
+        event_bytes = 0
+        # Failed tasks carry exception events of up to ~20 kB; 512 of them would pass the
+        # collector's 4 MB request limit. Only spans with events are measured (cheap), and
+        # the batch is closed before their text passes MAX_EVENT_BYTES.
+        for _ in range(count):
+            span = queue[0]
+            if span.events:
+                size = _event_text_bytes(span)
+                if batch and event_bytes + size > MAX_EVENT_BYTES:
+                    break
+                event_bytes += size
+            batch.append(queue.popleft())
         self._inflight = len(batch)
         self._inflight_since = time.monotonic()
         return batch
@@ -178,35 +206,60 @@ class ReliableSpanProcessor(SpanProcessor):
             if not batch:
                 backoff = 0.0
                 continue
-            ok = self._export(batch)
+            exported, retry, unexportable = self._deliver(batch)
             with self._cond:
                 self._inflight = 0
-                self._last_ok = ok
+                self._last_ok = not retry
                 if self._stopped:
                     pass  # deliver_remaining already counted this batch as undelivered
-                elif ok:
-                    self.exported += len(batch)
-                    backoff = 0.0
                 else:
-                    self._queue.extendleft(reversed(batch))
-                    backoff = min(max(backoff * 2, 0.25), MAX_BACKOFF_S)
+                    self.exported += exported
+                    self.undelivered += unexportable
+                    if retry:
+                        self._queue.extendleft(reversed(retry))
+                        backoff = min(max(backoff * 2, 0.25), MAX_BACKOFF_S)
+                        self._batch_limit = max(1, len(batch) // 2)
+                    else:
+                        backoff = 0.0
+                        self._batch_limit = min(self._max_batch, self._batch_limit * 2)
                 self._cond.notify_all()
 
-    def _export(self, batch: list[ReadableSpan]) -> bool:
+    def _deliver(self, batch: list[ReadableSpan]) -> tuple[int, list[ReadableSpan], int]:
+        """Export ``batch``: (spans exported, spans to retry, spans given up on).
+
+        A collector that fails is retried. An exporter that *raises* may be choking on one
+        span (say, a string it cannot encode): retrying the same batch would block every
+        span behind it forever. So the batch is halved until the span that raises is alone;
+        that one is given up on, counted, and said once.
+        """
+        outcome = self._export(batch)
+        if outcome is True:
+            return len(batch), [], 0
+        if outcome is False:
+            return 0, batch, 0
+        if len(batch) == 1:
+            if not self._warned_unexportable:
+                self._warned_unexportable = True
+                logger.warning("otel_graph: the span exporter cannot take a span (%r); dropping such "
+                               "spans and counting them as undelivered", outcome)
+            return 0, [], 1
+        half = len(batch) // 2
+        first, second = self._deliver(batch[:half]), self._deliver(batch[half:])
+        return first[0] + second[0], first[1] + second[1], first[2] + second[2]
+
+    def _export(self, batch: list[ReadableSpan]) -> bool | Exception:
+        """True, False (the exporter reported failure), or what the exporter raised."""
         try:
-            ok = self._exporter.export(batch) == SpanExportResult.SUCCESS
+            if self._exporter.export(batch) == SpanExportResult.SUCCESS:
+                return True
         except Exception as exc:  # an exporter bug must not kill the delivery thread
             logger.debug("otel_graph: span exporter raised", exc_info=True)
-            ok = False
-            reason = repr(exc)
-        else:
-            reason = "the exporter reported failure"
-        if not ok:
-            self.failed_attempts += 1
-            if self.failed_attempts == 1:
-                logger.warning("otel_graph: exporting spans failed (%s); keeping them queued and "
-                               "retrying", reason)
-        return ok
+            return exc
+        self.failed_attempts += 1
+        if self.failed_attempts == 1:
+            logger.warning("otel_graph: exporting spans failed (the exporter reported failure); keeping "
+                           "them queued and retrying")
+        return False
 
 
 class CountingMetricExporter(MetricExporter):

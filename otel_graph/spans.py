@@ -39,7 +39,7 @@ from dask.utils import funcname
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from otel_graph.events import ErrorInfo, TaskEvent, key_to_str
+from otel_graph.events import ErrorInfo, TaskEvent, key_to_str, safe_text
 from otel_graph.policy import Aggregate
 
 MAX_DEPENDENCIES = 32
@@ -72,11 +72,11 @@ class _FunctionNames:
         # closure in the cache would keep the user's objects (a model, a dataset) alive.
         module, qualname = getattr(func, "__module__", None), getattr(func, "__qualname__", None)
         if not (isinstance(module, str) and isinstance(qualname, str)):
-            return funcname(func)
+            return safe_text(funcname(func))
         key = (module, qualname, type(func))
         name = self._names.get(key)
         if name is None:
-            name = funcname(func)
+            name = safe_text(funcname(func))
             if len(self._names) < 10_000:
                 self._names[key] = name
         return name
@@ -114,6 +114,11 @@ def _worker_id(worker: int | str) -> str:
     return str(worker)
 
 
+INT64_MAX = (1 << 63) - 1
+
+# A class may be named anything, a lone surrogate included; there are few of them.
+_type_text = lru_cache(maxsize=1024)(safe_text)
+
 # A key is rendered once as its own span's key and again in each dependent's list.
 key_text = lru_cache(maxsize=1 << 14)(key_to_str)
 
@@ -127,8 +132,8 @@ def run_attributes(ev: Any, prefix: str) -> dict[str, Any]:
         "thread.id": ev.thread,
     }
     if ev.error is None:
-        attributes["dask.task.type"] = ev.type_name
-        if ev.nbytes >= 0:
+        attributes["dask.task.type"] = _type_text(ev.type_name)
+        if 0 <= ev.nbytes <= INT64_MAX:  # a lying __sizeof__ can claim more than OTLP's int64 holds
             attributes["dask.task.nbytes"] = ev.nbytes
     else:
         attributes["error.type"] = ev.error.type_name
@@ -161,7 +166,7 @@ def aggregate_attributes(agg: Aggregate) -> dict[str, Any]:
         "dask.task.duration.min": agg.duration_min_ns / 1e9,
         "dask.task.duration.max": agg.duration_max_ns / 1e9,
         "dask.task.duration.mean": agg.duration_sum_ns / agg.count / 1e9,
-        "dask.task.nbytes": agg.nbytes,
+        "dask.task.nbytes": min(agg.nbytes, INT64_MAX),
     }
 
 

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from itertools import islice
 from typing import Any, NamedTuple
 
-from otel_graph.events import ErrorInfo, describe_exception
+from otel_graph.events import ErrorInfo, describe_exception, safe_text
 
 #: Dependency keys kept per task; the count is always kept in full.
 MAX_DEPENDENCIES = 32
@@ -66,7 +66,7 @@ def _ns(seconds: float) -> int:
 def worker_identity(worker: Any) -> tuple[str, str]:
     """(address, name) of a worker."""
     name = getattr(worker, "name", None)  # often the integer 0: falsy, but a name
-    return str(getattr(worker, "address", "") or ""), "" if name is None else str(name)
+    return safe_text(str(getattr(worker, "address", "") or "")), "" if name is None else safe_text(str(name))
 
 
 def task_run(worker: Any, key: Any, *, annotation_name: str) -> TaskRun | None:
@@ -296,7 +296,7 @@ class WorkerMemory(NamedTuple):
 def worker_memory(scheduler: Any) -> Iterable[WorkerMemory]:
     for ws in list(scheduler.workers.values()):
         memory = ws.memory
-        yield WorkerMemory(str(ws.address), str(ws.name), int(memory.managed), int(memory.unmanaged),
+        yield WorkerMemory(safe_text(str(ws.address)), safe_text(str(ws.name)), int(memory.managed), int(memory.unmanaged),
                            int(memory.spilled), int(ws.memory_limit or 0))
 
 

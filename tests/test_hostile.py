@@ -1,0 +1,133 @@
+"""Hostile input: keys, results, exceptions and graphs built to break telemetry (issue 6).
+
+What must hold for each: the computation's result (or its own exception) is unchanged, no
+traceback of ours reaches the user, and every span still arrives at a real OTLP receiver,
+readable and bounded in size. Conversions are fuzzed with Hypothesis.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import subprocess_env
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from otlp_receiver import OtlpReceiver
+
+from otel_graph.events import MAX_KEY_CHARS, MAX_MESSAGE_CHARS, MAX_STACK_CHARS, describe_exception, key_to_str, \
+    safe_text, task_prefix
+
+APPS = Path(__file__).parent / "apps"
+
+
+@pytest.fixture(scope="module")
+def hostile_run():
+    with OtlpReceiver() as receiver:
+        env = subprocess_env(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.grpc_endpoint, OTEL_SERVICE_NAME="hostile",
+                             OTEL_GRAPH_RESOURCES="false", PYTHONIOENCODING="utf-8",
+                             OTEL_GRAPH_MAX_TASK_SPANS="unlimited")  # every hostile task gets its own span
+        proc = subprocess.run([sys.executable, str(APPS / "hostile.py")], env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        yield proc, receiver.spans(), receiver.metrics()
+
+
+def line(proc: subprocess.CompletedProcess, label: str) -> str:
+    (found,) = [text for text in proc.stdout.splitlines() if text.startswith(label + " ")]
+    return found[len(label) + 1:]
+
+
+def test_the_computation_is_unharmed_and_nothing_of_ours_is_printed(hostile_run):
+    proc, _, _ = hostile_run
+    assert line(proc, "RESULT") == "3 True 3 49995000"
+    assert line(proc, "RAISED").startswith("ValueError ")
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "RESOURCE_EXHAUSTED" not in proc.stderr, "batches are sized to pass the 4 MB request limit"
+    # Of all that, one span cannot be sent: the user's own, whose name no exporter can encode.
+    # It is given up on alone, counted, and said once; everything else arrives.
+    ours = [text for text in proc.stderr.splitlines() if "otel_graph" in text]
+    assert len(ours) == 2, proc.stderr[-3000:]
+    assert "cannot take a span" in ours[0] and "1 spans and 0 metric points were not delivered" in ours[1]
+    flushed = line(proc, "FLUSHED")
+    assert "'spans_undelivered': 1," in flushed and "'points_undelivered': 0" in flushed
+
+
+def test_every_span_arrives_readable_and_bounded(hostile_run):
+    _, spans, _ = hostile_run
+    by_key = {s["attributes"].get("dask.task.key"): s for s in spans if s["name"] != "dask.compute"}
+    assert "surrogate-\\udcff" in by_key and "fail-\\udcfe" in by_key
+    assert by_key["surrogate-\\udcff"]["attributes"]["dask.task.prefix"] == "surrogate"
+    weird = by_key["weird"]["attributes"]
+    assert weird["dask.task.type"] == "Wéird-ключ"
+    assert "dask.task.nbytes" not in by_key["raises"]["attributes"]  # sizeof raised: no size, no failure
+    assert "dask.task.nbytes" not in by_key["huge"]["attributes"]  # past int64: no size rather than a lost batch
+    long_key = [k for k in by_key if k and k.startswith("kkkk")]
+    assert len(long_key) == 1 and len(long_key[0]) < MAX_KEY_CHARS + 64
+    assert any(k and k.startswith("(((((") for k in by_key), "the deep key has a span"
+    wide = by_key["wide"]["attributes"]
+    assert wide["dask.task.dependency_count"] == 10_000 and len(wide["dask.task.dependencies"]) == 32
+    failed = by_key["fail-\\udcfe"]
+    (event,) = [e for e in failed["events"] if e["name"] == "exception"]
+    assert event["attributes"]["exception.message"].startswith("bad \\udcff input xxx")
+    assert len(event["attributes"]["exception.message"]) < MAX_MESSAGE_CHARS + 64
+    assert len(event["attributes"]["exception.stacktrace"]) < MAX_STACK_CHARS + 64
+    roots = [s for s in spans if s["name"] == "dask.compute"]
+    assert len(roots) == 3 + 600
+
+
+def test_a_failure_storm_too_big_for_one_request_still_arrives(hostile_run):
+    proc, spans, _ = hostile_run
+    assert line(proc, "STORM") == "600"
+    storm = [s for s in spans if s["name"] == "storm"]
+    assert len(storm) == 600 and all(s["status_code"] == 2 for s in storm)
+    sizes = [sum(map(len, e["attributes"].values())) for s in storm for e in s["events"]]
+    assert sum(sorted(sizes)[:512]) > 4 * 1024 * 1024, "512 of these spans (one default batch) exceed 4 MB"
+
+
+def test_metrics_survive_the_same_input(hostile_run):
+    _, _, metrics = hostile_run
+    prefixes = {p["attributes"].get("dask.task.prefix") for p in metrics if p["name"] == "dask.task.duration"}
+    assert {"surrogate", "fail", "wide", "part"} <= prefixes
+
+
+# -- fuzzing the conversions -----------------------------------------------------------------------
+keys = st.recursive(
+    st.one_of(st.text(), st.binary(), st.integers(), st.floats(allow_nan=True)),
+    lambda children: st.tuples(children, children) | st.tuples(children),
+    max_leaves=50,
+)
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(keys)
+def test_any_key_becomes_bounded_utf8_text(key):
+    text = key_to_str(key)
+    text.encode("utf-8")  # never raises
+    assert len(text) <= MAX_KEY_CHARS + 64
+    prefix = task_prefix(key)
+    assert isinstance(prefix, str)
+    prefix.encode("utf-8")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(), st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1, max_size=20))
+def test_any_exception_is_described_in_bounded_utf8(message, name):
+    kind = type(name, (Exception,), {})
+    info = describe_exception(kind(message))
+    for field in info:
+        field.encode("utf-8")
+    assert len(info.message) <= MAX_MESSAGE_CHARS + 64
+
+
+@given(st.text())
+def test_safe_text_keeps_what_utf8_can_carry(text):
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        assert safe_text(text) != text
+        safe_text(text).encode("utf-8")
+    else:
+        assert safe_text(text) == text
