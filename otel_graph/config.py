@@ -25,6 +25,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
+from urllib.parse import urlsplit
 
 # --- our own variables -------------------------------------------------------
 OTEL_GRAPH_MAX_TASK_SPANS = "OTEL_GRAPH_MAX_TASK_SPANS"
@@ -147,15 +148,22 @@ def parse_limit(name: str, value: str | int | None, default: int | None) -> int 
     return number
 
 
-def parse_seconds(name: str, value: str | float | None, default: float) -> float:
+#: Longest wait we accept, in seconds (or milliseconds where the variable is in ms): a
+#: thread cannot wait on more than ``threading.TIMEOUT_MAX``, and a 1e308 s interval would
+#: stop the metric reader's thread with an OverflowError, silently ending metrics.
+MAX_WAIT = 10**7
+
+
+def parse_seconds(name: str, value: str | float | None, default: float, *,
+                  accepted: str = "a number of seconds > 0 and at most 10^7") -> float:
     if value is None:
         return default
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise _invalid(name, str(value), "a number of seconds > 0") from None
-    if not number > 0 or number == float("inf"):
-        raise _invalid(name, str(value), "a number of seconds > 0")
+        raise _invalid(name, str(value), accepted) from None
+    if not 0 < number <= MAX_WAIT:  # also refuses nan and inf
+        raise _invalid(name, str(value), accepted)
     return number
 
 
@@ -169,7 +177,7 @@ def _check_standard(env: Mapping[str, str]) -> None:
             parse_bool(name, env[name])
     for name in _POSITIVE_NUMBERS:
         if name in env:
-            parse_seconds(name, env[name], 1.0)
+            parse_seconds(name, env[name], 1.0, accepted="a number > 0 and at most 10^7")
     for name in _KEY_VALUE_LISTS:
         value = env.get(name, "")
         for item in filter(None, (part.strip() for part in value.split(","))):
@@ -178,7 +186,7 @@ def _check_standard(env: Mapping[str, str]) -> None:
                 raise _invalid(name, value, "comma-separated key=value pairs")
     for name in _ENDPOINTS:
         value = env.get(name)
-        if value is not None and value.strip() and "://" not in value:
+        if value is not None and value.strip() and not _is_endpoint(value.strip()):
             raise _invalid(name, value, "a URL such as http://localhost:4317")
     for name in _FILES:
         value = env.get(name)
@@ -194,8 +202,20 @@ def _check_standard(env: Mapping[str, str]) -> None:
         if not 0.0 <= ratio <= 1.0:
             raise _invalid("OTEL_TRACES_SAMPLER_ARG", arg, "a probability between 0 and 1")
     port = env.get("OTEL_EXPORTER_PROMETHEUS_PORT")
-    if port is not None and not (port.strip().isdigit() and 0 < int(port) < 65536):
+    # isascii: "²" and "٣" are digits to str.isdigit, and int() refuses the first.
+    if port is not None and not (port.strip().isascii() and port.strip().isdigit() and 0 < int(port) < 65536):
         raise _invalid("OTEL_EXPORTER_PROMETHEUS_PORT", port, "a TCP port 1-65535")
+
+
+def _is_endpoint(value: str) -> bool:
+    """A URL with a host and, if any, a port the exporters can use."""
+    try:
+        parts = urlsplit(value)
+        parts.port  # raises ValueError for a port that is not a number in 0-65535
+    except ValueError:
+        return False
+    host = parts.hostname or ""
+    return bool(parts.scheme and host) and not any(c.isspace() for c in parts.netloc)
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,15 @@ from otel_graph.config import ConfigurationError, load_settings
     ("OTEL_SDK_DISABLED", "maybe", "true, false"),
     ("OTEL_EXPORTER_OTLP_INSECURE", "perhaps", "true, false"),
     ("OTEL_METRIC_EXPORT_INTERVAL", "-5", "> 0"),
+    ("OTEL_METRIC_EXPORT_INTERVAL", "1e308", "at most 10^7"),
+    ("OTEL_GRAPH_DRAIN_INTERVAL", "nan", "> 0"),
+    ("OTEL_EXPORTER_PROMETHEUS_PORT", "²", "1-65535"),
     ("OTEL_EXPORTER_OTLP_TIMEOUT", "soon", "> 0"),
     ("OTEL_EXPORTER_OTLP_COMPRESSION", "zip", "gzip, none"),
     ("OTEL_EXPORTER_OTLP_ENDPOINT", "localhost:4317", "a URL"),
+    ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://[::1", "a URL"),
+    ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://collector:notaport", "a URL"),
+    ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "http://:4318", "a URL"),
     ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/nonexistent/ca.pem", "a readable file"),
     ("OTEL_RESOURCE_ATTRIBUTES", "novalue", "key=value"),
     ("OTEL_EXPORTER_PROMETHEUS_PORT", "99999", "1-65535"),
@@ -88,3 +94,46 @@ def test_sdk_disabled_leaves_dask_untouched():
                           env=subprocess_env(OTEL_SDK_DISABLED="true"))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ok"
+
+
+# -- fuzzing: any value of any variable we read is accepted or refused clearly ----------------------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from otel_graph import config as config_module  # noqa: E402
+
+VARIABLES = sorted({*config_module._CHOICES, *config_module._BOOLEANS, *config_module._POSITIVE_NUMBERS,
+                    *config_module._KEY_VALUE_LISTS, *config_module._ENDPOINTS, *config_module._FILES,
+                    *config_module.OWN_VARIABLES, "OTEL_TRACES_SAMPLER_ARG", "OTEL_EXPORTER_PROMETHEUS_PORT",
+                    "OTEL_EXPORTER_PROMETHEUS_HOST"})
+# Text of every kind: numbers in odd spellings, unicode digits, surrogates, huge values.
+values = st.one_of(
+    st.text(),
+    st.sampled_from(["nan", "inf", "-inf", "1e308", "1e-320", "0", "-0", "²", "٣", " 80 ", "0x10", "1_000",
+                     "true ", "TRUE", "unlimited", "http://[::1", "://", "a=b,=c", "%zz=1"]),
+    st.floats(allow_nan=True, allow_infinity=True).map(str),
+    st.integers().map(str),
+)
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.sampled_from(VARIABLES), values)
+def test_any_value_of_any_variable_is_accepted_or_refused_clearly(name, value):
+    env = {name: value}
+    if name == "OTEL_TRACES_SAMPLER_ARG":
+        env["OTEL_TRACES_SAMPLER"] = "traceidratio"
+    try:
+        loaded = load_settings(env)
+    except ConfigurationError as error:
+        message = str(error)
+        assert message.startswith(f"{name}=") and "accepted values" in message
+        if "HEADERS" in name:
+            assert message.startswith(f"{name}=<hidden> ")  # header values carry credentials
+        return
+    # Accepted values are usable: finite, positive timings a thread can wait on, a real port.
+    import math
+    import threading
+
+    for timing in (loaded.exit_timeout_s, loaded.drain_interval_s, loaded.metric_export_interval_ms / 1000):
+        assert math.isfinite(timing) and 0 < timing <= threading.TIMEOUT_MAX
+    assert 0 < loaded.prometheus_port < 65536
