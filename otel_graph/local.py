@@ -37,9 +37,10 @@ from functools import partial, wraps
 from multiprocessing.pool import ThreadPool
 from typing import TYPE_CHECKING, Any, Protocol
 
-from opentelemetry import context
+from opentelemetry import context, trace
 
 from otel_graph.events import TaskEvent, describe_exception
+from otel_graph.task_context import NoTask, TaskParent
 
 if TYPE_CHECKING:
     from otel_graph.tracker import ComputeRecord
@@ -84,13 +85,18 @@ _nbytes = _sizeof()
 _new_tuple = tuple.__new__
 
 
-def _execute(key, task_info, dumps, loads, get_id, pack_exception, emit):  # noqa: ANN001, ANN202
-    """Dask's ``execute_task`` plus one event; hot path, so no allocation beyond the event."""
+def _execute(key, task_info, dumps, loads, get_id, pack_exception, emit, parent):  # noqa: ANN001, ANN202
+    """Dask's ``execute_task`` plus one event; hot path, so no allocation beyond the event.
+
+    ``parent.key`` names the running task to spans its code starts (otel_graph.task_context).
+    """
     start = _time_ns()
+    parent.key = key
     try:
         task, data = loads(task_info)
         result = task(data)
         end = _time_ns()
+        parent.key = None
         worker = get_id()
         packed = dumps((result, worker))
         thread = _get_ident()
@@ -99,6 +105,7 @@ def _execute(key, task_info, dumps, loads, get_id, pack_exception, emit):  # noq
         return key, packed, False
     except BaseException as exc:
         end = _time_ns()
+        parent.key = None
         worker = get_id()
         emit(TaskEvent(key, start, end, _get_ident() if worker is None else worker, _get_ident(),
                        -1, "", describe_exception(exc)))
@@ -109,14 +116,35 @@ def _execute(key, task_info, dumps, loads, get_id, pack_exception, emit):  # noq
 def _run_local(record: ComputeRecord, batch: list) -> list:
     emit = record.sink.append
     out = []
+    thread = _get_ident()
+    token = None
+    if thread == record.caller:  # the sync scheduler: compute() attached the parent already
+        parent = record.parents[thread]
+    else:  # a pool thread: its own parent, in context for this batch only
+        parent = record.parents.get(thread)
+        if parent is None:
+            parent = record.parents[thread] = TaskParent(record.span, record.task_span_ids,
+                                                         assign_ids=record.assign_ids)
+        token = context.attach(trace.set_span_in_context(parent, record.context))
     try:
         for args in batch:
-            out.append(_execute(*args, emit))
+            out.append(_execute(*args, emit, parent))
     except BaseException:
         # The sync scheduler re-raises a task's exception here: the tasks after it in the
         # batch never run. The one that raised has its event; the rest are accounted lost.
         record.lost += len(batch) - len(out) - 1
         raise
+    finally:
+        if token is not None:
+            context.detach(token)
+    return out
+
+
+def _run_remote(batch: list) -> _Batch:
+    events: list[TaskEvent] = []
+    nobody = NoTask()  # another process: its spans have no parent here to join
+    out = _Batch(_execute(*args, events.append, nobody) for args in batch)
+    out.events = events
     return out
 
 
@@ -124,13 +152,6 @@ class _Batch(list):
     """A batch's results as Dask expects them, carrying the batch's events across processes."""
 
     events: list[TaskEvent]
-
-
-def _run_remote(batch: list) -> _Batch:
-    events: list[TaskEvent] = []
-    out = _Batch(_execute(*args, events.append) for args in batch)
-    out.events = events
-    return out
 
 
 def _kind_of_executor(submit: Callable) -> tuple[str | None, bool]:

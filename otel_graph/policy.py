@@ -5,7 +5,8 @@ Jaeger's UI turns sluggish above about 2,000 spans in a trace and fails near
 gets ``max_task_spans`` task spans (``OTEL_GRAPH_MAX_TASK_SPANS``) and spends them
 like this:
 
-* a **failed task always gets its span**, whatever the budget;
+* a **failed task always gets its span**, whatever the budget, and so does a task
+  inside which spans were started (they need their parent; ``keep``);
 * the **first half** of the budget goes to tasks in the order they finish, so a
   long job shows spans while it runs;
 * the **second half** keeps the **slowest** of the remaining tasks, the ones a user
@@ -30,8 +31,9 @@ Every task is accounted for: the sum of ``dask.task.count`` over a trace's spans
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass
+from typing import Any
 
 from otel_graph.events import TaskEvent
 
@@ -75,9 +77,12 @@ class SpanPlan:
         budget: int | None,
         emit: Callable[[TaskEvent, str], None],
         emit_aggregate: Callable[[Aggregate], None],
+        keep: Container[Any] = (),
     ) -> None:
         self._emit = emit
         self._emit_aggregate = emit_aggregate
+        #: Keys whose task must get its span (spans were started inside it), read live.
+        self._keep = keep
         self._unlimited = budget is None
         self._stream_left = 0 if budget is None else budget - budget // 2
         self._slow_capacity = 0 if budget is None else budget // 2
@@ -90,9 +95,9 @@ class SpanPlan:
     def add(self, events: list[TaskEvent], prefixes: list[str]) -> None:
         """Route a batch of events: spans now, slow candidates to the heap, the rest folded."""
         folded: dict[str, list[TaskEvent]] = {}
-        slowest, capacity = self._slowest, self._slow_capacity
+        slowest, capacity, keep = self._slowest, self._slow_capacity, self._keep
         for ev, prefix in zip(events, prefixes):
-            if self._unlimited or ev.error is not None:
+            if self._unlimited or ev.error is not None or (keep and ev.key in keep):
                 self._span(ev, prefix)
                 continue
             if self._stream_left > 0:

@@ -208,6 +208,9 @@ class ApiEmitter:
 class DirectEmitter:
     """ReadableSpans handed straight to an SDK provider's processors (providers we built)."""
 
+    #: emit() takes the span id given out while the task ran (otel_graph.task_context).
+    sets_span_ids = True
+
     def __init__(self, provider: Any, scope: Any) -> None:
         from opentelemetry.sdk.trace import Event, ReadableSpan
         from opentelemetry.trace import SpanContext
@@ -223,11 +226,11 @@ class DirectEmitter:
         self._parent_context: Any = None
 
     def emit(self, *, parent: trace.Span, name: str, start_ns: int, end_ns: int,
-             attributes: dict[str, Any], error: ErrorInfo | None = None) -> Any:
+             attributes: dict[str, Any], error: ErrorInfo | None = None, span_id: int = 0) -> Any:
         if parent is not self._parent:  # spans come in runs of one compute: read its context once
             self._parent, self._parent_context = parent, parent.get_span_context()
         parent_context = self._parent_context
-        span_id = self._random.getrandbits(64) or 1
+        span_id = span_id or self._random.getrandbits(64) or 1
         context = self._span_context(parent_context.trace_id, span_id, False, parent_context.trace_flags,
                                      parent_context.trace_state)
         events = ()

@@ -32,6 +32,7 @@ from otel_graph.events import TaskEvent, describe_exception, task_prefix
 from otel_graph.metrics import TaskMetrics
 from otel_graph.policy import Aggregate, SpanPlan
 from otel_graph.spans import aggregate_attributes, exception_event_attributes, task_attributes
+from otel_graph.task_context import TaskParent
 
 logger = logging.getLogger("otel_graph")
 
@@ -47,12 +48,18 @@ class ComputeRecord:
 
     __slots__ = ("scheduler", "span", "context", "start_ns", "end_ns", "error", "sink", "submitted",
                  "lost", "seen", "graph", "state", "plan", "sampled", "graph_tasks", "cluster",
-                 "cluster_events")
+                 "cluster_events", "task_span_ids", "caller", "parents", "assign_ids")
 
-    def __init__(self, scheduler: str, span: trace.Span, start_ns: int) -> None:
+    def __init__(self, scheduler: str, span: trace.Span, start_ns: int, *, assign_ids: bool = False) -> None:
         self.scheduler = scheduler
         self.span = span
-        self.context = trace.set_span_in_context(span)
+        #: Span ids given to tasks that had spans started inside them (otel_graph.task_context).
+        self.task_span_ids: dict[Any, int] = {}
+        self.assign_ids = assign_ids
+        #: The thread that called compute, and the task parent of each thread running tasks.
+        self.caller = threading.get_ident()
+        self.parents = {self.caller: TaskParent(span, self.task_span_ids, assign_ids=assign_ids)}
+        self.context = trace.set_span_in_context(self.parents[self.caller])
         self.sampled = span.get_span_context().trace_flags.sampled
         self.start_ns = start_ns
         self.end_ns: int | None = None
@@ -98,6 +105,8 @@ class Tracker:
                  max_task_spans: int | None, drain_interval_s: float) -> None:
         self._tracer = tracer
         self._emitter = emitter
+        # Only spans we hand to the SDK ourselves can take the ids given out while tasks ran.
+        self._assign_ids = bool(getattr(emitter, "sets_span_ids", False))
         self._metrics = metrics
         self._budget = max_task_spans
         self._interval = drain_interval_s
@@ -118,7 +127,7 @@ class Tracker:
         start = time.time_ns()
         span = self._tracer.start_span("dask.compute", start_time=start,
                                        attributes={"dask.scheduler": scheduler})
-        record = ComputeRecord(scheduler, span, start)
+        record = ComputeRecord(scheduler, span, start, assign_ids=self._assign_ids)
         with self._lock:
             self._records.append(record)
         return record
@@ -239,6 +248,7 @@ class Tracker:
                 budget=self._budget,
                 emit=lambda ev, prefix: self._task_span(record, ev, prefix),
                 emit_aggregate=lambda agg: self._aggregate_span(record, agg),
+                keep=record.task_span_ids,
             )
         sink = record.sink
         count = len(sink)
@@ -260,9 +270,11 @@ class Tracker:
             plan.add(events, prefixes)
 
     def _task_span(self, record: ComputeRecord, ev: TaskEvent, prefix: str) -> None:
+        ids = record.task_span_ids
+        extra = {"span_id": ids[ev.key]} if ids and ev.key in ids else {}
         self._emitter.emit(
             parent=record.span, name=prefix, start_ns=ev.start_ns, end_ns=ev.end_ns,
-            attributes=task_attributes(ev, prefix, record.graph, record.state), error=ev.error,
+            attributes=task_attributes(ev, prefix, record.graph, record.state), error=ev.error, **extra,
         )
 
     def _aggregate_span(self, record: ComputeRecord, agg: Aggregate) -> None:

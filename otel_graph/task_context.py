@@ -1,0 +1,73 @@
+"""The running task as the parent of spans that user code starts inside it.
+
+Task spans are built after the fact, in bulk, from records (``otel_graph.tracker``), so
+while a task runs there is no span object to make current. Yet a task that calls
+instrumented code (an HTTP client, a database driver, its own ``tracer.start_span``)
+should see those spans nest under the task's span, not under ``dask.compute``.
+
+:class:`TaskParent` stands in for the task span in the OpenTelemetry context of the
+thread that runs tasks. Capture sets :attr:`TaskParent.key` as each task starts and
+clears it when the task ends: one attribute write each, the whole cost when nobody asks.
+When something does ask (a span started inside the task reads its parent), a span id is
+made for that task and noted under its key in ``ids``; the tracker then emits that
+task's span with exactly this id, whatever the span budget, so the children always have
+their parent. Outside a task, or where spans cannot be given an id (an application's
+own TracerProvider: spans go through its tracer, which picks ids itself), it answers
+with the compute span's context, so user spans nest under ``dask.compute`` instead.
+
+>>> from opentelemetry import trace
+>>> compute = trace.NonRecordingSpan(trace.SpanContext(1, 2, False, trace.TraceFlags(1)))
+>>> ids = {}
+>>> parent = TaskParent(compute, ids, assign_ids=True)
+>>> parent.get_span_context().span_id  # no task running: the compute span
+2
+>>> parent.key = "inc-1"
+>>> child_parent = parent.get_span_context()
+>>> child_parent.span_id == ids["inc-1"] and child_parent.trace_id == 1
+True
+>>> parent.get_span_context().span_id == ids["inc-1"]  # asked again: the same id
+True
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import NonRecordingSpan, SpanContext
+
+_random = random.Random()
+
+
+class TaskParent(NonRecordingSpan):
+    """Parent of the spans started inside the task now running on one thread."""
+
+    __slots__ = ("key", "_ids", "_assign", "_compute")
+
+    def __init__(self, compute_span: trace.Span, ids: dict[Any, int], *, assign_ids: bool) -> None:
+        self._compute = compute_span.get_span_context()
+        super().__init__(self._compute)
+        self.key: Any = None
+        self._ids = ids
+        # An unsampled compute emits no task spans: its children follow it, unsampled.
+        self._assign = assign_ids and self._compute.trace_flags.sampled
+
+    def get_span_context(self) -> SpanContext:
+        key = self.key
+        if key is None or not self._assign:
+            return self._compute
+        span_id = self._ids.get(key)
+        if span_id is None:
+            span_id = self._ids[key] = _random.getrandbits(64) or 1
+        compute = self._compute
+        return SpanContext(compute.trace_id, span_id, False, compute.trace_flags, compute.trace_state)
+
+
+class NoTask:
+    """What capture sets keys on where no span can be parented (tasks in other processes)."""
+
+    __slots__ = ("key",)
+
+    def __init__(self) -> None:
+        self.key: Any = None
