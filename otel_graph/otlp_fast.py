@@ -382,7 +382,9 @@ def otlp_span_exporter(*, protocol: str) -> SpanExporter:
     if protocol == "http/protobuf":
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 
-        return fast_span_exporter(HttpExporter())
+        from otel_graph.http_session import certificate_session
+
+        return fast_span_exporter(HttpExporter(session=certificate_session("traces")))
     raise ValueError(f"OTLP protocol {protocol!r} is not supported; use 'grpc' or 'http/protobuf'")
 
 
@@ -400,10 +402,12 @@ class _FastHttpSpanExporter(SpanExporter):
         with stock._metrics.export_operation(len(spans)) as result:
             try:
                 data = _encode_request(spans)  # bytes already: no round trip through the messages
-            except Exception as error:  # noqa: BLE001 - stock fails the batch it cannot encode
-                _logger.error("Failed to encode span batch: %s", error)
+            except Exception as error:
+                # Stock returns FAILURE here, and a processor retries the same batch forever.
+                # Raised, otel_graph's processor finds the span that cannot be encoded and
+                # drops it alone (pipeline.ReliableSpanProcessor), as with the gRPC exporter.
                 result.error = error
-                return SpanExportResult.FAILURE
+                raise
             if self._common._is_request_too_large(data, limit):
                 message = f"Serialized span request size {len(data)} bytes exceeds max_request_size {limit} bytes."
                 _logger.warning("Dropping span batch: %s", message)

@@ -91,9 +91,13 @@ def _metric_exporter(settings: Settings) -> Any:
         return OtlpJsonMetricExporter(Path(settings.file_dir) / "metrics.jsonl")
     if otlp_protocol("metrics") == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-    else:
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-    return OTLPMetricExporter()
+
+        return OTLPMetricExporter()
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetricExporter
+
+    from otel_graph.http_session import certificate_session
+
+    return HttpMetricExporter(session=certificate_session("metrics"))
 
 
 def _prometheus_reader(settings: Settings, histograms: HistogramSet) -> MetricReader:

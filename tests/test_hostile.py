@@ -23,10 +23,12 @@ from otel_graph.events import MAX_KEY_CHARS, MAX_MESSAGE_CHARS, MAX_STACK_CHARS,
 APPS = Path(__file__).parent / "apps"
 
 
-@pytest.fixture(scope="module")
-def hostile_run():
+@pytest.fixture(scope="module", params=["grpc", "http/protobuf"])
+def hostile_run(request):
     with OtlpReceiver() as receiver:
-        env = subprocess_env(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.grpc_endpoint, OTEL_SERVICE_NAME="hostile",
+        endpoint = receiver.grpc_endpoint if request.param == "grpc" else receiver.http_endpoint
+        env = subprocess_env(OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, OTEL_EXPORTER_OTLP_PROTOCOL=request.param,
+                             OTEL_SERVICE_NAME="hostile",
                              OTEL_GRAPH_RESOURCES="false", PYTHONIOENCODING="utf-8",
                              OTEL_GRAPH_MAX_TASK_SPANS="unlimited")  # every hostile task gets its own span
         proc = subprocess.run([sys.executable, str(APPS / "hostile.py")], env=env, capture_output=True, text=True,

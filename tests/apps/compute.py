@@ -7,8 +7,9 @@ print COMPUTED, then wait for a line on stdin before flushing), ``--no-instrumen
 exiting and print FLUSHED with its result and the handle's stats, then FLUSH_SECONDS,
 how long the call took), ``--flush-before-wait`` (the same, but before COMPUTED, so
 that what the parent inspects while the app waits is complete) and
-``--flush-timeout`` (the flush's ``timeout_s``, default 30) and ``--busy-ms`` (CPU
-time each task burns, default 0). It prints RESULT and
+``--flush-timeout`` (the flush's ``timeout_s``, default 30), ``--busy-ms`` (CPU
+time each task burns, default 0) and ``--die kill|term|exit`` (one task ends the process
+running it: a processes-scheduler worker dying mid-graph; RAISED names what Dask raised). It prints RESULT and
 LAST_COMPUTE_END (a time.monotonic() reading) so the parent can check correctness
 and exit latency.
 """
@@ -40,6 +41,17 @@ def boom(x: int) -> int:
     raise RuntimeError(f"task failed on purpose at {x}")
 
 
+def die(how: str) -> None:
+    """End the process running this task: a processes-scheduler worker dying mid-graph."""
+    import os
+    import signal
+
+    if how == "exit":
+        os._exit(0)
+    os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGTERM)
+    time.sleep(30)  # SIGTERM is delivered asynchronously; never return a result
+
+
 def report_flush(handle: Any, timeout_s: float) -> None:
     started = time.monotonic()
     flushed = handle.flush(timeout_s=timeout_s)
@@ -59,6 +71,7 @@ def main() -> None:
     parser.add_argument("--flush-before-wait", action="store_true")
     parser.add_argument("--flush-timeout", type=float, default=30.0)
     parser.add_argument("--busy-ms", type=float, default=0.0)
+    parser.add_argument("--die", choices=["kill", "term", "exit"], help="one task ends its worker process")
     args = parser.parse_args()
     global BUSY_S
     BUSY_S = args.busy_ms / 1000
@@ -71,12 +84,16 @@ def main() -> None:
     graph = {("inc", i): (inc, i) for i in range(args.tasks)}
     if args.fail:
         graph[("boom", 0)] = (boom, ("inc", 0))
+    if args.die:
+        graph[("die", 0)] = (die, args.die)
     try:
         get = {"sync": dask.get, "threads": dask.threaded.get, "processes": dask.multiprocessing.get}
         values = get[args.scheduler](graph, list(graph))
         print("RESULT", sum(values), flush=True)
     except RuntimeError as exc:
         print("FAILED", exc, flush=True)
+    except Exception as exc:  # a dead worker process: whatever Dask raises for it
+        print("RAISED", type(exc).__name__, flush=True)
     print("LAST_COMPUTE_END", time.monotonic(), flush=True)
     if args.flush_before_wait and handle is not None:
         report_flush(handle, args.flush_timeout)

@@ -1,0 +1,78 @@
+"""Faults around the computation (issue 6): dying worker processes, TLS, a collector lost mid-run.
+
+Each is driven the user's way, a subprocess configured through OTEL_* variables, against a
+real OTLP receiver; what must hold is that the computation ends as it would without
+otel_graph, the telemetry says what happened, and nothing hangs.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from otlp_receiver import HAVE_OPENSSL, OtlpReceiver, make_self_signed_cert
+from test_otlp_export import APP, otlp_env, run_app
+
+
+@pytest.mark.parametrize("how", ["kill", "term", "exit"])
+def test_a_process_pool_worker_dying_mid_graph_is_reported_and_nothing_hangs(how):
+    with OtlpReceiver() as receiver:
+        env = otlp_env(receiver.grpc_endpoint, "grpc", OTEL_GRAPH_MAX_TASK_SPANS="unlimited")
+        run = run_app("--scheduler", "processes", "--tasks", "40", "--die", how, "--flush", env=env)
+        assert run.returncode == 0, run.stderr
+        # As without otel_graph: Dask raises BrokenProcessPool (a RuntimeError) to the caller.
+        assert run.value("FAILED").startswith("A process in the process pool was terminated abruptly")
+        assert run.exit_latency_s < 5.0, run.exit_latency_s
+        assert "Traceback" not in run.stderr
+        spans = receiver.spans()
+    (root,) = [s for s in spans if s["name"] == "dask.compute"]
+    assert root["status_code"] == 2  # ERROR
+    assert root["attributes"]["error.type"].endswith("BrokenProcessPool")
+    # Tasks whose results came back before the pool broke keep their spans.
+    assert all(s["parent_span_id"] == root["span_id"] for s in spans if s["name"] == "inc")
+
+
+@pytest.mark.skipif(not HAVE_OPENSSL, reason="needs the openssl command to make a certificate")
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_tls_to_the_collector_with_its_certificate(tmp_path, protocol):
+    cert, key = make_self_signed_cert(tmp_path)
+    with OtlpReceiver(tls_cert_file=cert, tls_key_file=key) as receiver:
+        endpoint = receiver.grpc_endpoint if protocol == "grpc" else receiver.http_endpoint
+        assert endpoint.startswith("https://")
+        run = run_app("--tasks", "5", "--flush", env=otlp_env(endpoint, protocol,
+                                                                 OTEL_EXPORTER_OTLP_CERTIFICATE=str(cert)))
+        assert run.returncode == 0, run.stderr
+        assert run.value("FLUSHED").startswith("True")
+        assert [s["name"] for s in receiver.spans()].count("inc") == 5
+        assert any(p["name"] == "dask.task.duration" for p in receiver.metrics())
+
+
+@pytest.mark.skipif(not HAVE_OPENSSL, reason="needs the openssl command to make a certificate")
+def test_tls_without_the_certificate_is_counted_not_hung(tmp_path):
+    cert, key = make_self_signed_cert(tmp_path)
+    with OtlpReceiver(tls_cert_file=cert, tls_key_file=key) as receiver:
+        run = run_app("--tasks", "5", env=otlp_env(receiver.grpc_endpoint, "grpc"))
+        assert run.returncode == 0, run.stderr
+        assert run.value("RESULT") == "15"
+        assert run.exit_latency_s < 2.0, run.exit_latency_s
+        assert len([line for line in run.stderr.splitlines() if "not delivered" in line]) == 1, run.stderr
+        assert receiver.spans() == []
+
+
+def test_a_collector_lost_mid_run_costs_only_telemetry():
+    with OtlpReceiver() as receiver:
+        proc = subprocess.Popen([sys.executable, str(APP), "--tasks", "100", "--wait-stdin"],
+                                env=otlp_env(receiver.grpc_endpoint, "grpc", OTEL_METRIC_EXPORT_INTERVAL="200"),
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout.readline().startswith("RESULT")
+            # Some telemetry has gone out; then the collector dies with the app still running.
+            assert receiver.wait_for(lambda r: r.requests_answered > 0, timeout_s=30)
+            receiver.stop()
+            out, err = proc.communicate("\n", timeout=60)
+        finally:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+    assert len([line for line in err.splitlines() if "not delivered" in line]) <= 1, err
