@@ -119,9 +119,13 @@ def task_prefix(key: Any) -> str:
     while type(key) is tuple and key:
         key = key[0]
     try:
-        return _cut(key_split(key), MAX_PREFIX_CHARS)
+        prefix = key_split(key)
     except Exception:
         return "Other"
+    # Called per task in the tracker: the common short ASCII prefix skips _cut's calls.
+    if len(prefix) > MAX_PREFIX_CHARS or not prefix.isascii():
+        return _cut(prefix, MAX_PREFIX_CHARS)
+    return prefix
 
 
 def describe_exception(exc: BaseException) -> ErrorInfo:

@@ -261,9 +261,12 @@ class LocalCapture:
                                  *args, **kwargs)
             except BaseException as exc:
                 tracker.end(record, exc)
+                if isinstance(exc, Exception):  # not on Ctrl-C: that must stop at once
+                    tracker.keep_up()
                 raise
             else:
                 tracker.end(record, None)
+                tracker.keep_up()
                 return value
             finally:
                 starting.record = previous

@@ -41,6 +41,11 @@ logger = logging.getLogger("otel_graph")
 STRAGGLER_WAIT_NS = 30 * 10**9
 #: Results whose size is measured per memory reading; beyond it the total is scaled up.
 HELD_SAMPLE = 1024
+#: Ended computes not yet turned into telemetry, past which a local compute() waits for
+#: the tracker (:meth:`Tracker.keep_up`). In a tight loop of tiny computes the tracker
+#: thread only gets the GIL in the main thread's switch-interval slices: 8,000 computes
+#: once waited, each holding its graph and Dask state (14 kB), while the loop ran on.
+MAX_BACKLOG = 256
 
 
 class ComputeRecord:
@@ -48,7 +53,7 @@ class ComputeRecord:
 
     __slots__ = ("scheduler", "span", "context", "start_ns", "end_ns", "error", "sink", "submitted",
                  "lost", "seen", "graph", "state", "plan", "sampled", "graph_tasks", "cluster",
-                 "cluster_events", "task_span_ids", "caller", "parents", "assign_ids")
+                 "cluster_events", "task_span_ids", "caller", "parents", "assign_ids", "in_backlog")
 
     def __init__(self, scheduler: str, span: trace.Span, start_ns: int, *, assign_ids: bool = False) -> None:
         self.scheduler = scheduler
@@ -76,6 +81,8 @@ class ComputeRecord:
         #: distributed: the scheduler's address, and the cluster events already noted on the span.
         self.cluster: str | None = None
         self.cluster_events: set[tuple[str, str]] = set()
+        #: Counted in the tracker's backlog of ended computes not yet processed.
+        self.in_backlog = False
 
     def held(self) -> tuple[int, int]:
         """Results in Dask's cache right now: (count, bytes). Read from another thread.
@@ -110,11 +117,15 @@ class Tracker:
         self._metrics = metrics
         self._budget = max_task_spans
         self._interval = drain_interval_s
-        self._records: list[ComputeRecord] = []
+        # Insertion-ordered and O(1) to find and forget: a tight loop of tiny computes can
+        # leave thousands pending, and a list's scan per forget made draining them quadratic.
+        self._records: dict[ComputeRecord, None] = {}
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._requested = 0
         self._completed = 0
+        self._backlog = 0  # ended computes not yet forgotten
+        self._waiters = 0
         self._stopping = False
         self.tasks_aggregated = 0
         self.processing_errors = 0
@@ -129,7 +140,7 @@ class Tracker:
                                        attributes={"dask.scheduler": scheduler})
         record = ComputeRecord(scheduler, span, start, assign_ids=self._assign_ids)
         with self._lock:
-            self._records.append(record)
+            self._records[record] = None
         return record
 
     def failed_to_begin(self) -> None:
@@ -141,7 +152,28 @@ class Tracker:
         record.end_ns = time.time_ns()
         with self._wake:
             self._requested += 1
+            if not record.in_backlog:
+                record.in_backlog = True
+                self._backlog += 1
             self._wake.notify()
+
+    def keep_up(self, *, timeout_s: float = 1.0) -> None:
+        """Wait, at most ``timeout_s``, while too many ended computes await processing.
+
+        Called by capture of the local schedulers after a compute returns, in the user's
+        thread: the wait hands the tracker the CPU it needs, about 80 µs per small
+        compute, and keeps memory bounded. Never called on an event loop.
+        """
+        if self._backlog <= MAX_BACKLOG or threading.get_ident() == self._thread.ident:
+            return
+        with self._wake:
+            self._waiters += 1
+            self._wake.notify_all()
+            try:
+                self._wake.wait_for(lambda: self._backlog <= MAX_BACKLOG // 2 or self._stopping
+                                    or not self._thread.is_alive(), timeout=timeout_s)
+            finally:
+                self._waiters -= 1
 
     def find_traceparent(self, traceparent: Any) -> ComputeRecord | None:
         """The compute (running, or ended but not yet settled) whose span has this W3C traceparent."""
@@ -310,7 +342,11 @@ class Tracker:
 
     def _forget(self, record: ComputeRecord) -> None:
         with self._lock:
-            if record in self._records:
-                self._records.remove(record)
+            self._records.pop(record, None)
+            if record.in_backlog:
+                record.in_backlog = False
+                self._backlog -= 1
+                if self._waiters and self._backlog <= MAX_BACKLOG // 2:
+                    self._wake.notify_all()
         # Drop references to the user's graph and results as soon as we are done.
         record.graph = record.state = record.error = None

@@ -1,0 +1,37 @@
+"""Scale within the test suite's time: many computes in a loop stay bounded (issue 6).
+
+The big figures (10^6 tasks, 10^5 on a cluster, peak RSS ratios) are measured by
+``benchmarks/bench_scale.py``; here, a loop of tiny computes, exporting over OTLP to a
+receiver in this (another) process, must not grow the process's memory or threads, and
+every compute's telemetry must arrive.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import subprocess_env
+from otlp_receiver import OtlpReceiver
+
+APP = Path(__file__).parent / "apps" / "loop.py"
+
+
+@pytest.mark.parametrize("scheduler", ["sync", "threads"])
+def test_a_loop_of_tiny_computes_stays_bounded_and_loses_nothing(scheduler):
+    computes = 6000
+    with OtlpReceiver() as receiver:
+        env = subprocess_env(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.grpc_endpoint, OTEL_GRAPH_RESOURCES="false")
+        proc = subprocess.run([sys.executable, str(APP), "--computes", str(computes), "--scheduler", scheduler],
+                              env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        samples = [line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("SAMPLE")]
+        (early, late) = [[int(v) for v in sample] for sample in samples]
+        assert late[1] - early[1] < 20 * 2**20, f"RSS grew {(late[1] - early[1]) >> 20} MB"
+        assert late[2] == early[2], "threads stay as they were"
+        assert max(early[3], late[3]) <= 300, "the tracker keeps up: ended computes wait in a bounded backlog"
+        assert "FLUSHED True" in proc.stdout
+        roots = [s for s in receiver.spans() if s["name"] == "dask.compute"]
+        assert len(roots) == computes
