@@ -126,6 +126,8 @@ class Tracker:
         self._completed = 0
         self._backlog = 0  # ended computes not yet forgotten
         self._waiters = 0
+        self._forgotten = 0  # computes finished with, ever: progress, for keep_up
+        self._stalled_at: int | None = None
         self._stopping = False
         self.tasks_aggregated = 0
         self.processing_errors = 0
@@ -166,14 +168,19 @@ class Tracker:
         """
         if self._backlog <= MAX_BACKLOG or threading.get_ident() == self._thread.ident:
             return
+        if self._stalled_at == self._forgotten:
+            return  # a wait already timed out and the tracker has finished nothing since
         with self._wake:
             self._waiters += 1
             self._wake.notify_all()
             try:
-                self._wake.wait_for(lambda: self._backlog <= MAX_BACKLOG // 2 or self._stopping
-                                    or not self._thread.is_alive(), timeout=timeout_s)
+                caught_up = self._wake.wait_for(lambda: self._backlog <= MAX_BACKLOG // 2 or self._stopping
+                                                or not self._thread.is_alive(), timeout=timeout_s)
             finally:
                 self._waiters -= 1
+            # A tracker stuck (an application's span processor blocking, say) must cost one
+            # wait, not one per compute: stop waiting until it finishes a compute again.
+            self._stalled_at = None if caught_up else self._forgotten
 
     def find_traceparent(self, traceparent: Any) -> ComputeRecord | None:
         """The compute (running, or ended but not yet settled) whose span has this W3C traceparent."""
@@ -346,6 +353,7 @@ class Tracker:
             if record.in_backlog:
                 record.in_backlog = False
                 self._backlog -= 1
+                self._forgotten += 1
                 if self._waiters and self._backlog <= MAX_BACKLOG // 2:
                     self._wake.notify_all()
         # Drop references to the user's graph and results as soon as we are done.

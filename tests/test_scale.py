@@ -35,3 +35,43 @@ def test_a_loop_of_tiny_computes_stays_bounded_and_loses_nothing(scheduler):
         assert "FLUSHED True" in proc.stdout
         roots = [s for s in receiver.spans() if s["name"] == "dask.compute"]
         assert len(roots) == computes
+
+
+def test_a_stuck_tracker_costs_one_wait_not_one_per_compute():
+    """An application's span processor that blocks stalls the tracker; computes go on."""
+    import threading
+    import time
+
+    import dask
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    import otel_graph
+    from otel_graph.tracker import MAX_BACKLOG
+
+    release = threading.Event()
+
+    class Blocking(InMemorySpanExporter):
+        def export(self, spans):  # noqa: ANN001, ANN201
+            release.wait(60)
+            return super().export(spans)
+
+    exporter = Blocking()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    handle = otel_graph.instrument_scheduler(tracer_provider=provider, meter_provider=MeterProvider(),
+                                             resources=False)
+    try:
+        started = time.monotonic()
+        for i in range(MAX_BACKLOG + 200):
+            dask.get({f"t-{i}": (int, i)}, f"t-{i}")
+        took = time.monotonic() - started
+        assert took < 10, f"{took:.1f} s: computes waited on a tracker that could not move"
+    finally:
+        release.set()
+        assert handle.flush(timeout_s=60)
+        handle.uninstrument()
+    roots = [s for s in exporter.get_finished_spans() if s.name == "dask.compute"]
+    assert len(roots) == MAX_BACKLOG + 200, "and once unblocked, every compute's trace arrives"
