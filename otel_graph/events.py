@@ -31,6 +31,9 @@ MAX_KEY_CHARS = 512
 #: is its own prefix (a 10 MB string key once made 20 MB export requests).
 MAX_PREFIX_CHARS = 128
 MAX_MESSAGE_CHARS = 4096
+#: Largest integer OTLP carries (int64): a lying ``__sizeof__`` can claim more, and one
+#: such value would fail its whole export.
+INT64_MAX = (1 << 63) - 1
 MAX_STACK_CHARS = 16384
 
 

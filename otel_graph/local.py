@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from opentelemetry import context, trace
 
 from otel_graph.events import TaskEvent, describe_exception
-from otel_graph.task_context import NoTask, TaskParent
+from otel_graph.task_context import NoTask
 
 if TYPE_CHECKING:
     from otel_graph.tracker import ComputeRecord
@@ -118,13 +118,8 @@ def _run_local(record: ComputeRecord, batch: list) -> list:
     out = []
     thread = _get_ident()
     token = None
-    if thread == record.caller:  # the sync scheduler: compute() attached the parent already
-        parent = record.parents[thread]
-    else:  # a pool thread: its own parent, in context for this batch only
-        parent = record.parents.get(thread)
-        if parent is None:
-            parent = record.parents[thread] = TaskParent(record.span, record.task_span_ids,
-                                                         assign_ids=record.assign_ids)
+    parent = record.parent_for(thread)
+    if thread != record.caller:  # a pool thread: its parent in context for this batch only
         token = context.attach(trace.set_span_in_context(parent, record.context))
     try:
         for args in batch:

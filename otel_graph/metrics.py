@@ -28,7 +28,7 @@ from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
-from otel_graph.events import TaskEvent
+from otel_graph.events import INT64_MAX, TaskEvent
 from otel_graph.histograms import HistogramSet, PreAggregatedHistogram
 
 DURATION_BUCKETS_S = (
@@ -137,8 +137,8 @@ def observe_memory(meter: Meter, held: Callable[[], Iterable[tuple[str, int, int
 
     def usage(options: CallbackOptions) -> Iterable[Observation]:
         current = measured.pop() if measured else totals()
-        # Lying __sizeof__s can add up past OTLP's int64, which would fail the whole export.
-        return [Observation(min(v[1], (1 << 63) - 1), {"dask.scheduler": s}) for s, v in current.items()]
+        # Lying __sizeof__s can add up past OTLP's int64.
+        return [Observation(min(v[1], INT64_MAX), {"dask.scheduler": s}) for s, v in current.items()]
 
     meter.create_observable_up_down_counter(
         "dask.memory.tasks", callbacks=[tasks], unit="{task}",

@@ -39,7 +39,7 @@ from dask.utils import funcname
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from otel_graph.events import ErrorInfo, TaskEvent, key_to_str, safe_text
+from otel_graph.events import INT64_MAX, ErrorInfo, TaskEvent, key_to_str, safe_text
 from otel_graph.policy import Aggregate
 
 MAX_DEPENDENCIES = 32
@@ -114,9 +114,8 @@ def _worker_id(worker: int | str) -> str:
     return str(worker)
 
 
-INT64_MAX = (1 << 63) - 1
-
-# A class may be named anything, a lone surrogate included; there are few of them.
+# Distributed reports a result type's __qualname__, which may be set to any string, a
+# lone surrogate included; there are few distinct types.
 _type_text = lru_cache(maxsize=1024)(safe_text)
 
 # A key is rendered once as its own span's key and again in each dependent's list.
@@ -133,7 +132,7 @@ def run_attributes(ev: Any, prefix: str) -> dict[str, Any]:
     }
     if ev.error is None:
         attributes["dask.task.type"] = _type_text(ev.type_name)
-        if 0 <= ev.nbytes <= INT64_MAX:  # a lying __sizeof__ can claim more than OTLP's int64 holds
+        if 0 <= ev.nbytes <= INT64_MAX:
             attributes["dask.task.nbytes"] = ev.nbytes
     else:
         attributes["error.type"] = ev.error.type_name

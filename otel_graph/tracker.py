@@ -63,8 +63,8 @@ class ComputeRecord:
         self.assign_ids = assign_ids
         #: The thread that called compute, and the task parent of each thread running tasks.
         self.caller = threading.get_ident()
-        self.parents = {self.caller: TaskParent(span, self.task_span_ids, assign_ids=assign_ids)}
-        self.context = trace.set_span_in_context(self.parents[self.caller])
+        self.parents: dict[int, TaskParent] = {}
+        self.context = trace.set_span_in_context(self.parent_for(self.caller))
         self.sampled = span.get_span_context().trace_flags.sampled
         self.start_ns = start_ns
         self.end_ns: int | None = None
@@ -83,6 +83,13 @@ class ComputeRecord:
         self.cluster_events: set[tuple[str, str]] = set()
         #: Counted in the tracker's backlog of ended computes not yet processed.
         self.in_backlog = False
+
+    def parent_for(self, thread: int) -> TaskParent:
+        """The parent of spans started by tasks of this compute on ``thread`` (made once)."""
+        parent = self.parents.get(thread)
+        if parent is None:
+            parent = self.parents[thread] = TaskParent(self.span, self.task_span_ids, assign_ids=self.assign_ids)
+        return parent
 
     def held(self) -> tuple[int, int]:
         """Results in Dask's cache right now: (count, bytes). Read from another thread.
