@@ -61,7 +61,7 @@ def _tokens(text: str) -> list[str]:
 
 
 def _clean_unit(unit: str) -> str:
-    return re.sub(r"__+", "_", re.sub(r"[^a-zA-Z0-9:]", "_", unit)).lstrip("_")
+    return re.sub(r"__+", "_", _INVALID.sub("_", unit)).lstrip("_")
 
 
 def _unit_suffixes(unit: str) -> tuple[str, str]:

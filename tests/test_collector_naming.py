@@ -8,16 +8,12 @@ produce them), are the names the dashboards and alert rules query.
 
 from __future__ import annotations
 
-import json
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from collector_exporter import COUNTER, GAUGE, HISTOGRAM, NON_MONOTONIC, exporter_settings, label_name, metric_name
-
-ROOT = Path(__file__).resolve().parent.parent
+from grafana_files import alert_rules, dashboard_queries
 
 # (name, unit, kind, expected): otlptranslator's cases for suffixes on, UTF-8 escaped.
 UPSTREAM = [
@@ -101,13 +97,8 @@ _NAME = re.compile(r"\b(dask|process|system|hw|otel_sdk|otelcol|traces_span_metr
 
 def queried_metric_names() -> set[str]:
     """Every metric name in a dashboard, variable or alert query, histogram series folded."""
-    texts = []
-    for path in (ROOT / "grafana" / "dashboards").glob("*.json"):
-        board = json.loads(path.read_text())
-        texts += [v["query"]["query"] for v in board["templating"]["list"]]
-        texts += [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
-    rules = yaml.safe_load((ROOT / "grafana" / "provisioning" / "alerting" / "rules.yaml").read_text())
-    texts += [d["model"].get("expr", "") for g in rules["groups"] for r in g["rules"] for d in r["data"]]
+    texts = [query for _, _, query in dashboard_queries()]
+    texts += [d["model"].get("expr", "") for rule in alert_rules().values() for d in rule["data"]]
     return {re.sub(r"_(bucket|sum|count)$", "", m.group(0)) for text in texts for m in _NAME.finditer(text)}
 
 

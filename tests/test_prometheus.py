@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from collector_exporter import CollectorExposition
 from conftest import subprocess_env
+from grafana_files import alert_rules, dashboard_queries, dashboards
 from otlp_receiver import OtlpReceiver
 from prometheus_server import PROMETHEUS, PROMTOOL, PrometheusServer, QueryError, free_port
 
@@ -96,7 +97,6 @@ def test_a_local_cluster_serves_every_process_and_the_scheduler_gauges():
 # SDK exporter's (collector_exporter.py says how). So the apps below export OTLP, as in the stack,
 # to a real OTLP receiver; what it holds is served under the collector's naming rules and the
 # shipped exporter settings, and a real Prometheus scrapes that with honor_labels.
-DASHBOARDS = Path(__file__).resolve().parent.parent / "grafana" / "dashboards"
 #: Panels that cannot have data here: no GPU on this machine; no collector without Docker, so
 #: neither its own telemetry nor its span-metrics connector's output.
 NO_DATA_HERE = {("dask-resources", "GPU utilisation per device"), ("dask-resources", "GPU memory per device"),
@@ -126,20 +126,6 @@ def expand(expr: str) -> str:
     # label_values(selector, label) is Grafana's, not PromQL: ask for the same thing as a query.
     match = re.fullmatch(r"label_values\((.*), *(\w+)\)", expr.strip())
     return f"count by ({match.group(2)}) ({match.group(1)})" if match else expr
-
-
-def dashboard_queries() -> list[tuple[str, str, str]]:
-    import json
-
-    found = []
-    for path in sorted(DASHBOARDS.glob("*.json")):
-        board = json.loads(path.read_text())
-        for variable in board["templating"]["list"]:
-            found.append((board["uid"], f"variable {variable['name']}", variable["query"]["query"]))
-        for panel in board["panels"]:
-            for target in panel["targets"]:
-                found.append((board["uid"], panel["title"], target["expr"]))
-    return found
 
 
 def test_every_dashboard_query_parses_and_the_non_gpu_panels_have_data():
@@ -176,16 +162,8 @@ def test_every_dashboard_query_parses_and_the_non_gpu_panels_have_data():
 
 
 # -- alert rules: true under their fault, false in a healthy run --------------------------------
-RULES = Path(__file__).resolve().parent.parent / "grafana" / "provisioning" / "alerting" / "rules.yaml"
 LOCAL = [str(APPS / "compute.py"), "--tasks", "20", "--wait-stdin"]
 CLUSTER = [str(APPS / "cluster.py"), "--hold", "--flush"]
-
-
-def alert_rules() -> dict[str, dict]:
-    import yaml
-
-    (group,) = yaml.safe_load(RULES.read_text())["groups"]
-    return {rule["uid"]: rule for rule in group["rules"]}
 
 
 def firing(prometheus: PrometheusServer, rule: dict) -> bool:
@@ -212,15 +190,13 @@ SCENARIOS = {
 
 
 def test_every_alert_rule_is_linked_and_its_query_parses():
-    import json
-
     rules = alert_rules()
     assert set(rules) == {*SCENARIOS, "dask-gpu-memory"}  # GPU: no GPU here, its query is only parsed
-    boards = {path.stem: path for path in DASHBOARDS.glob("*.json")}
+    boards = dashboards()
     with PrometheusServer({}) as prometheus:
         for rule in rules.values():
             annotations = rule["annotations"]
-            board = json.loads(boards[annotations["__dashboardUid__"]].read_text())
+            board = boards[annotations["__dashboardUid__"]]
             assert int(annotations["__panelId__"]) in {p["id"] for p in board["panels"]}, rule["uid"]
             assert (rule["dashboardUid"], rule["panelId"]) == (annotations["__dashboardUid__"],
                                                                int(annotations["__panelId__"]))

@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 import yaml
+from grafana_files import dashboards
 from prometheus_server import PROMTOOL
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -211,10 +212,6 @@ def test_every_service_reaches_the_others_where_they_listen():
 
 
 # -- Grafana -----------------------------------------------------------------------------------
-def dashboards() -> dict[str, dict[str, Any]]:
-    return {p.stem: json.loads(p.read_text()) for p in sorted((GRAFANA / "dashboards").glob("*.json"))}
-
-
 def referenced_uids(node: Any) -> set[str]:
     """Every datasource uid named anywhere in a dashboard, rule or datasource file."""
     found: set[str] = set()
