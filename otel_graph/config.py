@@ -202,8 +202,9 @@ def _check_standard(env: Mapping[str, str]) -> None:
         if not 0.0 <= ratio <= 1.0:
             raise _invalid("OTEL_TRACES_SAMPLER_ARG", arg, "a probability between 0 and 1")
     port = env.get("OTEL_EXPORTER_PROMETHEUS_PORT")
+    digits = (port or "").strip()
     # isascii: "²" and "٣" are digits to str.isdigit, and int() refuses the first.
-    if port is not None and not (port.strip().isascii() and port.strip().isdigit() and 0 < int(port) < 65536):
+    if port is not None and not (digits.isascii() and digits.isdigit() and 0 < int(digits) < 65536):
         raise _invalid("OTEL_EXPORTER_PROMETHEUS_PORT", port, "a TCP port 1-65535")
 
 
