@@ -32,6 +32,7 @@ OTEL_GRAPH_MAX_TASK_SPANS = "OTEL_GRAPH_MAX_TASK_SPANS"
 OTEL_GRAPH_MAX_QUEUED_SPANS = "OTEL_GRAPH_MAX_QUEUED_SPANS"
 OTEL_GRAPH_EXIT_TIMEOUT = "OTEL_GRAPH_EXIT_TIMEOUT"
 OTEL_GRAPH_DRAIN_INTERVAL = "OTEL_GRAPH_DRAIN_INTERVAL"
+OTEL_GRAPH_PROGRESS_INTERVAL = "OTEL_GRAPH_PROGRESS_INTERVAL"
 OTEL_GRAPH_RESOURCES = "OTEL_GRAPH_RESOURCES"
 OTEL_GRAPH_GPU = "OTEL_GRAPH_GPU"
 OTEL_GRAPH_FILE_DIR = "OTEL_GRAPH_FILE_DIR"
@@ -45,6 +46,8 @@ OWN_VARIABLES: Mapping[str, str] = {
     "is left when the collector makes no progress. Default 1.5.",
     OTEL_GRAPH_DRAIN_INTERVAL: "Seconds between turning running computes' task records "
     "into spans, so long jobs show up while they run. Default 2.",
+    OTEL_GRAPH_PROGRESS_INTERVAL: "Seconds between the `dask.compute.progress` spans of a "
+    "compute still running, which make its trace visible before its root span ends. Default 30.",
     OTEL_GRAPH_RESOURCES: "`true`/`false`: publish CPU, memory and GPU readings. Default true.",
     OTEL_GRAPH_GPU: "`true`/`false`: read GPUs through NVML. Default true.",
     OTEL_GRAPH_FILE_DIR: "Directory of `traces.jsonl` and `metrics.jsonl` (OTLP JSON lines) when "
@@ -227,6 +230,7 @@ class Settings:
     max_queued_spans: int = 200_000
     exit_timeout_s: float = 1.5
     drain_interval_s: float = 2.0
+    progress_interval_s: float = 30.0
     resources: bool = True
     gpu: bool = True
     sdk_disabled: bool = False
@@ -244,6 +248,7 @@ _OPTION_NAMES = {
     "max_queued_spans": OTEL_GRAPH_MAX_QUEUED_SPANS,
     "exit_timeout_s": OTEL_GRAPH_EXIT_TIMEOUT,
     "drain_interval_s": OTEL_GRAPH_DRAIN_INTERVAL,
+    "progress_interval_s": OTEL_GRAPH_PROGRESS_INTERVAL,
     "resources": OTEL_GRAPH_RESOURCES,
     "gpu": OTEL_GRAPH_GPU,
 }
@@ -278,6 +283,7 @@ def load_settings(env: Mapping[str, str] | None = None, **options: Any) -> Setti
         max_queued_spans=10**12 if queued is None else max(queued, 1),
         exit_timeout_s=parse_seconds(OTEL_GRAPH_EXIT_TIMEOUT, raw("exit_timeout_s"), 1.5),
         drain_interval_s=parse_seconds(OTEL_GRAPH_DRAIN_INTERVAL, raw("drain_interval_s"), 2.0),
+        progress_interval_s=parse_seconds(OTEL_GRAPH_PROGRESS_INTERVAL, raw("progress_interval_s"), 30.0),
         resources=flag("resources", True),
         gpu=flag("gpu", True),
         sdk_disabled=parse_bool("OTEL_SDK_DISABLED", env.get("OTEL_SDK_DISABLED", "false")),

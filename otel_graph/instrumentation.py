@@ -204,7 +204,8 @@ class Instrumentation:
         self._tracker = Tracker(tracer=chosen.tracer, emitter=chosen.emitter,
                                 metrics=self._instruments.task_metrics,
                                 max_task_spans=settings.max_task_spans,
-                                drain_interval_s=settings.drain_interval_s)
+                                drain_interval_s=settings.drain_interval_s,
+                                progress_interval_s=settings.progress_interval_s)
         self._capture = LocalCapture(self._tracker)
         self._capture.install()
         self._cluster: Any = None

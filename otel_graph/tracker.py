@@ -11,6 +11,12 @@ list and nothing more. This module owns everything after that:
   ended compute has reported, emits its aggregates and ends its root span with
   ``dask.graph.tasks``. Running computes are drained every ``drain_interval_s`` so that a
   long job's spans reach the collector while it runs;
+* a compute still running gets ``dask.compute.progress`` spans, children of its root:
+  the first once it has run :data:`FIRST_PROGRESS_NS`, covering its run so far, then one
+  per ``progress_interval_s``. A root span is only exported when it ends, so without
+  them a 10-hour job's trace has no span of its own, only task spans, until the end;
+  with them Jaeger finds the running compute by the ``dask.compute.progress`` operation
+  and shows how far it got. (The idea of Logfire's "pending spans".)
 * :meth:`Tracker.flush` asks for a drain now and waits for it.
 
 Building spans and metric points here, in bulk and off the scheduler's thread, is what
@@ -46,6 +52,10 @@ HELD_SAMPLE = 1024
 #: thread only gets the GIL in the main thread's switch-interval slices: 8,000 computes
 #: once waited, each holding its graph and Dask state (14 kB), while the loop ran on.
 MAX_BACKLOG = 256
+#: A compute running this long at a drain gets its first progress span: computes shorter
+#: than it, nearly all of them, cost nothing more.
+FIRST_PROGRESS_NS = 10**9
+PROGRESS_SPAN = "dask.compute.progress"
 
 
 class ComputeRecord:
@@ -53,7 +63,7 @@ class ComputeRecord:
 
     __slots__ = ("scheduler", "span", "context", "start_ns", "end_ns", "error", "sink", "submitted",
                  "lost", "seen", "graph", "state", "plan", "sampled", "graph_tasks", "cluster",
-                 "cluster_events", "task_span_ids", "caller", "parents", "assign_ids", "in_backlog")
+                 "cluster_events", "task_span_ids", "caller", "parents", "assign_ids", "in_backlog", "progress_ns")
 
     def __init__(self, scheduler: str, span: trace.Span, start_ns: int, *, assign_ids: bool = False) -> None:
         self.scheduler = scheduler
@@ -83,6 +93,8 @@ class ComputeRecord:
         self.cluster_events: set[tuple[str, str]] = set()
         #: Counted in the tracker's backlog of ended computes not yet processed.
         self.in_backlog = False
+        #: The end of the last progress span; None before the first.
+        self.progress_ns: int | None = None
 
     def parent_for(self, thread: int) -> TaskParent:
         """The parent of spans started by tasks of this compute on ``thread`` (made once)."""
@@ -116,7 +128,8 @@ class ComputeRecord:
 
 class Tracker:
     def __init__(self, *, tracer: trace.Tracer, emitter: Any, metrics: TaskMetrics,
-                 max_task_spans: int | None, drain_interval_s: float) -> None:
+                 max_task_spans: int | None, drain_interval_s: float,
+                 progress_interval_s: float = 30.0) -> None:
         self._tracer = tracer
         self._emitter = emitter
         # Only spans we hand to the SDK ourselves can take the ids given out while tasks ran.
@@ -124,6 +137,7 @@ class Tracker:
         self._metrics = metrics
         self._budget = max_task_spans
         self._interval = drain_interval_s
+        self._progress_ns = int(progress_interval_s * 1e9)
         # Insertion-ordered and O(1) to find and forget: a tight loop of tiny computes can
         # leave thousands pending, and a list's scan per forget made draining them quadratic.
         self._records: dict[ComputeRecord, None] = {}
@@ -304,6 +318,7 @@ class Tracker:
             record.seen += count
             self._consume(record, plan, events)
         if record.end_ns is None:
+            self._progress(record)
             return
         settled = record.seen + record.lost >= record.submitted
         if settled or time.time_ns() - record.end_ns > STRAGGLER_WAIT_NS:
@@ -314,6 +329,28 @@ class Tracker:
         self._metrics.record_tasks(events, prefixes, record.scheduler)
         if record.sampled:
             plan.add(events, prefixes)
+
+    def _progress(self, record: ComputeRecord) -> None:
+        if not record.sampled:
+            return
+        now = time.time_ns()
+        since, wait = ((record.start_ns, FIRST_PROGRESS_NS) if record.progress_ns is None
+                       else (record.progress_ns, self._progress_ns))
+        if now - since < wait:
+            return
+        record.progress_ns = now
+        attributes: dict[str, Any] = {"dask.scheduler": record.scheduler}
+        if record.graph_tasks is not None:
+            attributes["dask.graph.tasks"] = record.graph_tasks
+        if record.scheduler != "distributed":  # there the workers see the tasks, not this process
+            attributes["dask.compute.tasks_done"] = record.seen
+            state = record.state
+            if state is not None:
+                # len() of Dask's containers is atomic: safe while the scheduler changes them.
+                attributes["dask.compute.tasks_running"] = len(state["running"])
+                attributes["dask.compute.tasks_waiting"] = len(state["waiting"]) + len(state["ready"])
+        self._emitter.emit(parent=record.span, name=PROGRESS_SPAN, start_ns=since, end_ns=now,
+                           attributes=attributes)
 
     def _task_span(self, record: ComputeRecord, ev: TaskEvent, prefix: str) -> None:
         ids = record.task_span_ids

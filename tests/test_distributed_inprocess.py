@@ -26,6 +26,13 @@ def slow(x: int) -> int:
     return x
 
 
+GATE = threading.Event()
+
+
+def wait_for_gate(parts: list) -> int:
+    return sum(parts) if GATE.wait(30) else -1
+
+
 def nested(n: int) -> int:
     from distributed import get_client
 
@@ -190,3 +197,26 @@ def test_asynchronous_clients_are_traced(telemetry):
     roots = telemetry.roots()
     assert len(roots) == 2 and all(r.attributes["dask.scheduler"] == "distributed" for r in roots)
     assert wait_until(lambda: sum(len(tasks_of(telemetry, r)) for r in telemetry.roots()) == 2)
+
+
+@pytest.mark.parametrize("telemetry", [{"drain_interval_s": 0.1, "progress_interval_s": 0.2}], indirect=True)
+def test_a_running_distributed_compute_has_progress_spans_before_its_root(client, telemetry):
+    def progressed() -> bool:
+        return sum(1 for s in telemetry.spans() if s.name == "dask.compute.progress") >= 2
+
+    graph = {f"inc-{i}": (inc, i) for i in range(4)}
+    graph["wait"] = (wait_for_gate, list(graph))
+    GATE.clear()
+    future = client.get(graph, "wait", sync=False)
+    try:
+        assert wait_until(progressed)
+        assert not [s for s in telemetry.spans() if s.name == "dask.compute"]
+    finally:
+        GATE.set()
+    assert future.result() == 10
+    assert telemetry.handle.flush(timeout_s=20)
+    (root,) = telemetry.roots()
+    progress = [s for s in telemetry.spans() if s.name == "dask.compute.progress"]
+    assert {s.parent.span_id for s in progress} == {root.context.span_id}
+    assert progress[0].attributes["dask.graph.tasks"] == 5
+    assert progress[0].start_time == root.start_time

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import dask
 import pytest
 from opentelemetry.sdk.trace import SpanProcessor
+from otlp_receiver import OtlpReceiver
+from test_otlp_export import otlp_env
 
 
 class _Counting(SpanProcessor):
@@ -72,3 +77,50 @@ def test_results_held_in_memory_are_gauged(telemetry):
                 if metric.name == "dask.memory.tasks":
                     after = {p.attributes.get("dask.scheduler"): p.value for p in metric.data.data_points}
     assert after.get("sync", 0) == 0
+
+
+LONG_JOB = Path(__file__).parent / "apps" / "long_job.py"
+
+
+@pytest.mark.parametrize("scheduler", ["sync", "threads"])
+def test_a_running_jobs_trace_is_in_the_collector_before_its_root_span(scheduler):
+    # A long job, shortened by the intervals: the collector must have its task spans and a
+    # progress span naming the compute while the compute is still running.
+    tasks = 20
+    with OtlpReceiver() as receiver:
+        env = otlp_env(receiver.grpc_endpoint, "grpc", OTEL_GRAPH_DRAIN_INTERVAL="0.1",
+                       OTEL_GRAPH_PROGRESS_INTERVAL="0.3", OTEL_METRICS_EXPORTER="none")
+        proc = subprocess.Popen([sys.executable, str(LONG_JOB), "--scheduler", scheduler, "--tasks", str(tasks)],
+                                env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        try:
+            assert proc.stdout.readline().strip() == "RUNNING"
+
+            def progressed(r: OtlpReceiver) -> bool:
+                progress = [s for s in r.spans() if s["name"] == "dask.compute.progress"]
+                return len(progress) >= 2 and progress[-1]["attributes"]["dask.compute.tasks_done"] == tasks
+
+            assert receiver.wait_for(progressed, timeout_s=30)
+            running = receiver.spans()
+            out, err = proc.communicate("go\n", timeout=60)
+            assert receiver.wait_for(lambda r: any(s["name"] == "dask.compute" for s in r.spans()), timeout_s=30)
+        finally:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+    assert not [s for s in running if s["name"] == "dask.compute"]
+    assert len([s for s in running if s["name"] == "nap"]) == tasks
+    (root,) = [s for s in receiver.spans() if s["name"] == "dask.compute"]
+    progress = sorted((s for s in receiver.spans() if s["name"] == "dask.compute.progress"), key=lambda s: s["start_ns"])
+    # The running trace's spans are the ones the finished trace nests under its root.
+    assert {s["parent_span_id"] for s in running} == {root["span_id"]}
+    assert {s["trace_id"] for s in running} == {root["trace_id"]}
+    # Progress spans tile the run from its start, and count what was done by then.
+    assert progress[0]["start_ns"] == root["start_ns"]
+    assert all(a["end_ns"] == b["start_ns"] for a, b in zip(progress, progress[1:]))
+    assert progress[-1]["end_ns"] <= root["end_ns"]
+    done = [s["attributes"]["dask.compute.tasks_done"] for s in progress]
+    assert done == sorted(done) and done[-1] == tasks
+    assert progress[-1]["attributes"]["dask.compute.tasks_running"] == 1  # the gate
+    assert progress[-1]["attributes"]["dask.compute.tasks_waiting"] == 0
+    assert root["attributes"]["dask.graph.tasks"] == tasks + 1  # progress spans are not tasks

@@ -323,7 +323,8 @@ def _trace_nested_computes(providers: Any, settings: Any) -> None:
 
     tracker = Tracker(tracer=providers.tracer, emitter=providers.emitter,
                       metrics=providers.instruments.task_metrics, max_task_spans=settings.max_task_spans,
-                      drain_interval_s=min(settings.drain_interval_s, _WORKER_DRAIN_S))
+                      drain_interval_s=min(settings.drain_interval_s, _WORKER_DRAIN_S),
+                      progress_interval_s=settings.progress_interval_s)
     capture = ClusterCapture(tracker, settings, register=False)
     capture.install()
     _ProcessTelemetry.nested = (tracker, capture)
