@@ -41,7 +41,8 @@ OWN_VARIABLES: Mapping[str, str] = {
     OTEL_GRAPH_MAX_TASK_SPANS: "Task spans per compute before tasks are folded into one "
     "aggregate span per prefix; an integer >= 0 or `unlimited`. Default 1000.",
     OTEL_GRAPH_MAX_QUEUED_SPANS: "Spans held in memory while the collector is slow or "
-    "down; past it the oldest are dropped and counted. Default 200000.",
+    "down, about 2.5 kB each (a span with a larger exception text counts as more); past it "
+    "the oldest are dropped and counted. Default 100000 (about 250 MB).",
     OTEL_GRAPH_EXIT_TIMEOUT: "Seconds the interpreter may spend at exit delivering what "
     "is left when the collector makes no progress. Default 1.5.",
     OTEL_GRAPH_DRAIN_INTERVAL: "Seconds between turning running computes' task records "
@@ -227,7 +228,7 @@ class Settings:
     """Everything otel_graph decided from the environment and the caller's options."""
 
     max_task_spans: int | None = DEFAULT_MAX_TASK_SPANS
-    max_queued_spans: int = 200_000
+    max_queued_spans: int = 100_000
     exit_timeout_s: float = 1.5
     drain_interval_s: float = 2.0
     progress_interval_s: float = 30.0
@@ -276,7 +277,7 @@ def load_settings(env: Mapping[str, str] | None = None, **options: Any) -> Setti
             return default
         return value if isinstance(value, bool) else parse_bool(_OPTION_NAMES[option], str(value))
 
-    queued = parse_limit(OTEL_GRAPH_MAX_QUEUED_SPANS, raw("max_queued_spans"), 200_000)
+    queued = parse_limit(OTEL_GRAPH_MAX_QUEUED_SPANS, raw("max_queued_spans"), 100_000)
     interval = env.get("OTEL_METRIC_EXPORT_INTERVAL")
     return Settings(
         max_task_spans=parse_limit(OTEL_GRAPH_MAX_TASK_SPANS, raw("max_task_spans"), DEFAULT_MAX_TASK_SPANS),

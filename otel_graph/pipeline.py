@@ -5,7 +5,11 @@ so only at DEBUG level; measured here it lost 79% of spans behind a collector th
 took 50 ms per batch. :class:`ReliableSpanProcessor` instead:
 
 * queues every ended span, up to ``max_queued`` (``OTEL_GRAPH_MAX_QUEUED_SPANS``);
-  only past that bound does it drop, oldest first, and it counts what it drops;
+  only past that bound does it drop, oldest first, and it counts what it drops. The
+  bound is one of memory: a span held costs about :data:`SPAN_BYTES`, and a span whose
+  exception text is larger (a failed task's stack trace) weighs one more per
+  :data:`SPAN_BYTES` of it, so a storm of failures behind a dead collector cannot hold
+  gigabytes where plain spans would hold the budget's worth;
 * exports from one thread in batches; a failed batch goes back to the head of the
   queue and is retried with exponential backoff (capped at 5 s), so data is delivered
   when a collector that was down comes back; a span the exporter raises on is found
@@ -48,11 +52,20 @@ MAX_BACKOFF_S = 5.0
 #: Event text (exception messages and stack traces) per export request at most, well
 #: under gRPC's and the collector's 4 MB default request limit.
 MAX_EVENT_BYTES = 2_500_000
+#: Memory one queued task span holds, measured (tracemalloc, 50,000 spans of a 10^5-task
+#: graph queued behind a collector that was down): 2.5 kB. The queue's unit of weight.
+SPAN_BYTES = 2_500
 
 
 def _event_text_bytes(span: ReadableSpan) -> int:
     return sum(len(value) for event in span.events for value in (event.attributes or {}).values()
                if isinstance(value, str))
+
+
+def _weight(span: ReadableSpan) -> int:
+    # Only spans with events are measured: they are rare (failed tasks), and measuring
+    # every span would cost the export path on the hot side of a 10^6-task graph.
+    return 1 + _event_text_bytes(span) // SPAN_BYTES if span.events else 1
 
 
 class ReliableSpanProcessor(SpanProcessor):
@@ -63,6 +76,10 @@ class ReliableSpanProcessor(SpanProcessor):
         self._max_batch = max_batch
         self._delay = schedule_delay_s
         self._queue: deque[ReadableSpan] = deque()
+        # Of the spans queued and in flight, in SPAN_BYTES units: a batch the exporter holds
+        # (retrying inside a hung call, say) is memory held too.
+        self._weight = 0
+        self._inflight_weight = 0
         self._cond = threading.Condition()
         self._inflight = 0
         self._inflight_since = 0.0
@@ -92,10 +109,11 @@ class ReliableSpanProcessor(SpanProcessor):
                 self.undelivered += 1
                 return
             self._queue.append(span)
-            size = len(self._queue)
-            if size % self._max_batch == 0:
+            self._weight += _weight(span) if span.events else 1
+            if len(self._queue) % self._max_batch == 0:
                 self._cond.notify()
-        if size > self._max_queued:
+            full = self._weight > self._max_queued
+        if full:
             self._drop_oldest()
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
@@ -136,6 +154,7 @@ class ReliableSpanProcessor(SpanProcessor):
             self._stopped = True
             left = len(self._queue) + self._inflight
             self._queue.clear()
+            self._weight = 0
             self.undelivered += left
             self._cond.notify_all()
         return left
@@ -157,14 +176,15 @@ class ReliableSpanProcessor(SpanProcessor):
 
     def _drop_oldest(self) -> None:
         with self._cond:
-            while len(self._queue) > self._max_queued:
-                self._queue.popleft()
+            while self._weight > self._max_queued and self._queue:
+                self._weight -= _weight(self._queue.popleft())
                 self.dropped += 1
                 self.undelivered += 1
         if not self._warned:
             self._warned = True
-            logger.warning("otel_graph: span queue full (%d); dropping the oldest spans and counting "
-                           "them as undelivered", self._max_queued)
+            logger.warning("otel_graph: span queue full (%d spans, about %d MB); dropping the oldest "
+                           "spans and counting them as undelivered", self._max_queued,
+                           self._max_queued * SPAN_BYTES // 10**6)
 
     def _take_batch(self) -> list[ReadableSpan]:
         queue = self._queue
@@ -174,6 +194,7 @@ class ReliableSpanProcessor(SpanProcessor):
         # Failed tasks carry exception events of up to ~20 kB; 512 of them would pass the
         # collector's 4 MB request limit. Only spans with events are measured (cheap), and
         # the batch is closed before their text passes MAX_EVENT_BYTES.
+        weight = 0
         for _ in range(count):
             span = queue[0]
             if span.events:
@@ -181,7 +202,9 @@ class ReliableSpanProcessor(SpanProcessor):
                 if batch and event_bytes + size > MAX_EVENT_BYTES:
                     break
                 event_bytes += size
+                weight += size // SPAN_BYTES
             batch.append(queue.popleft())
+        self._inflight_weight = weight + len(batch)
         self._inflight = len(batch)
         self._inflight_since = time.monotonic()
         return batch
@@ -207,22 +230,28 @@ class ReliableSpanProcessor(SpanProcessor):
                 backoff = 0.0
                 continue
             exported, retry, unexportable = self._deliver(batch)
+            full = False
             with self._cond:
                 self._inflight = 0
                 self._last_ok = not retry
                 if self._stopped:
                     pass  # deliver_remaining already counted this batch as undelivered
                 else:
+                    self._weight -= self._inflight_weight
                     self.exported += exported
                     self.undelivered += unexportable
                     if retry:
                         self._queue.extendleft(reversed(retry))
+                        self._weight += sum(_weight(span) for span in retry)
+                        full = self._weight > self._max_queued
                         backoff = min(max(backoff * 2, 0.25), MAX_BACKOFF_S)
                         self._batch_limit = max(1, len(batch) // 2)
                     else:
                         backoff = 0.0
                         self._batch_limit = min(self._max_batch, self._batch_limit * 2)
                 self._cond.notify_all()
+            if retry and full:  # spans that ended while this batch was out, past the bound
+                self._drop_oldest()
 
     def _deliver(self, batch: list[ReadableSpan]) -> tuple[int, list[ReadableSpan], int]:
         """Export ``batch``: (spans exported, spans to retry, spans given up on).

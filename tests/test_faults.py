@@ -7,6 +7,7 @@ otel_graph, the telemetry says what happened, and nothing hangs.
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 
@@ -76,3 +77,37 @@ def test_a_collector_lost_mid_run_costs_only_telemetry():
     assert proc.returncode == 0, err
     assert "Traceback" not in err
     assert len([line for line in err.splitlines() if "not delivered" in line]) <= 1, err
+
+
+def test_a_failure_storm_behind_a_dead_collector_is_held_within_the_memory_budget():
+    # 200 failed computes, each a task span and a root span with ~20 kB of exception text,
+    # queued behind a collector that refuses everything. The budget of 60 spans (150 kB)
+    # must bound their text too: counted by spans alone it would hold 60 x 20 kB.
+    storm = 200
+    with OtlpReceiver(fail=True) as receiver:
+        proc = subprocess.Popen([sys.executable, str(APP), "--tasks", "1", "--storm", str(storm), "--wait-stdin",
+                                 "--flush"],
+                                env=otlp_env(receiver.grpc_endpoint, "grpc", OTEL_GRAPH_MAX_QUEUED_SPANS="60",
+                                             OTEL_METRICS_EXPORTER="none", OTEL_GRAPH_RESOURCES="false"),
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout.readline().startswith("RESULT")
+            assert proc.stdout.readline().startswith("LAST_COMPUTE_END")
+            assert proc.stdout.readline().startswith("COMPUTED")
+            assert receiver.wait_for(lambda r: r.requests_failed > 0, timeout_s=30)
+            receiver.fail = False
+            out, err = proc.communicate("go\n", timeout=60)
+        finally:
+            proc.kill()
+        spans = receiver.spans()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err and "span queue full" in err
+    flushed = next(line for line in out.splitlines() if line.startswith("FLUSHED"))
+    stats = ast.literal_eval(flushed.split(" ", 2)[2])
+    failed = [s for s in spans if s["status_code"] == 2]
+    text = sum(len(v) for s in failed for e in s["events"] for v in e["attributes"].values() if isinstance(v, str))
+    assert 0 < len(failed) < 60 and text <= 60 * 2_500
+    # Nothing silent: what arrived plus what was counted undelivered is every span made.
+    made = 1 + 1 + 2 * storm  # the first compute's task and root, then a task and root per failure
+    assert len(spans) + stats["spans_undelivered"] == made, (len(spans), stats)
+    assert stats["spans_exported"] == len(spans)

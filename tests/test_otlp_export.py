@@ -45,14 +45,14 @@ def run_app(*args: str, env: dict[str, str], timeout_s: float = 120) -> Run:
 
 
 def otlp_env(endpoint: str, protocol: str, **extra: str) -> dict[str, str]:
-    return subprocess_env(
-        OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
-        OTEL_EXPORTER_OTLP_PROTOCOL=protocol,
-        OTEL_SERVICE_NAME="etl-test",
-        OTEL_RESOURCE_ATTRIBUTES="deployment.environment.name=ci",
-        OTEL_GRAPH_RESOURCES="true",
-        **extra,
-    )
+    settings = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+        "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+        "OTEL_SERVICE_NAME": "etl-test",
+        "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment.name=ci",
+        "OTEL_GRAPH_RESOURCES": "true",
+    }
+    return subprocess_env(**{**settings, **extra})  # a test's own settings win
 
 
 @pytest.fixture

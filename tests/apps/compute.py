@@ -8,7 +8,8 @@ exiting and print FLUSHED with its result and the handle's stats, then FLUSH_SEC
 how long the call took), ``--flush-before-wait`` (the same, but before COMPUTED, so
 that what the parent inspects while the app waits is complete) and
 ``--flush-timeout`` (the flush's ``timeout_s``, default 30), ``--busy-ms`` (CPU
-time each task burns, default 0) and ``--die kill|term|exit`` (one task ends the process
+time each task burns, default 0), ``--storm N`` (then N computes whose one task fails
+with a 5 kB message and a deep stack) and ``--die kill|term|exit`` (one task ends the process
 running it: a processes-scheduler worker dying mid-graph; RAISED names what Dask raised). It prints RESULT and
 LAST_COMPUTE_END (a time.monotonic() reading) so the parent can check correctness
 and exit latency.
@@ -41,6 +42,12 @@ def boom(x: int) -> int:
     raise RuntimeError(f"task failed on purpose at {x}")
 
 
+def deep_fail(i: int, depth: int = 100) -> None:
+    if depth:
+        deep_fail(i, depth - 1)
+    raise ValueError(f"storm {i} " + "y" * 5_000)
+
+
 def die(how: str) -> None:
     """End the process running this task: a processes-scheduler worker dying mid-graph."""
     import os
@@ -71,6 +78,7 @@ def main() -> None:
     parser.add_argument("--flush-before-wait", action="store_true")
     parser.add_argument("--flush-timeout", type=float, default=30.0)
     parser.add_argument("--busy-ms", type=float, default=0.0)
+    parser.add_argument("--storm", type=int, default=0)
     parser.add_argument("--die", choices=["kill", "term", "exit"], help="one task ends its worker process")
     args = parser.parse_args()
     global BUSY_S
@@ -94,6 +102,11 @@ def main() -> None:
         print("FAILED", exc, flush=True)
     except Exception as exc:  # a dead worker process: whatever Dask raises for it
         print("RAISED", type(exc).__name__, flush=True)
+    for i in range(args.storm):  # a local scheduler stops at a compute's first failure
+        try:
+            dask.get({("storm", i): (deep_fail, i)}, ("storm", i))
+        except ValueError:
+            pass
     print("LAST_COMPUTE_END", time.monotonic(), flush=True)
     if args.flush_before_wait and handle is not None:
         report_flush(handle, args.flush_timeout)
