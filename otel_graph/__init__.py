@@ -36,8 +36,9 @@ API
 ``handle.uninstrument()``
     Stops, flushes, and restores Dask exactly as it was. The handle is also a context
     manager that does this on exit.
-``handle.stats()``
-    Spans and points exported and undelivered, tasks folded into aggregate spans.
+``handle.stats(*, workers=False, timeout_s=10) -> dict``
+    Spans and points exported and undelivered, tasks folded into aggregate spans; with
+    ``workers=True`` the attached clusters' worker processes are counted in.
 
 Configuration
 -------------

@@ -252,10 +252,20 @@ class Instrumentation:
         if owned is not None and (owned.span_processor is None or owned.span_processor.healthy):
             owned.flush(self.settings.exit_timeout_s)
 
-    def stats(self) -> dict[str, int]:
-        """Delivery counters: spans and points exported and undelivered, tasks aggregated."""
+    def stats(self, *, workers: bool = False, timeout_s: float = 10.0) -> dict[str, int]:
+        """Delivery counters: spans and points exported and undelivered, tasks aggregated.
+
+        This process's; with ``workers=True``, plus those of the attached dask.distributed
+        clusters' worker processes (each exports on its own), asked within ``timeout_s``,
+        and ``worker_processes``, how many of them answered.
+        """
         current = self._owned.stats() if self._owned is not None else {}
         current["tasks_aggregated"] = self._tracker.tasks_aggregated
+        if workers:
+            cluster, answered = self._cluster.worker_stats(timeout_s) if self._cluster is not None else ({}, 0)
+            for name, value in cluster.items():
+                current[name] = current.get(name, 0) + value
+            current["worker_processes"] = answered
         return current
 
     def __enter__(self) -> Instrumentation:
@@ -310,7 +320,7 @@ class _Disabled:
             if _Process.live is self:
                 _Process.live = None
 
-    def stats(self) -> dict[str, int]:
+    def stats(self, *, workers: bool = False, timeout_s: float = 10.0) -> dict[str, int]:
         return {}
 
     def __enter__(self) -> _Disabled:

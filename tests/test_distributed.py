@@ -8,6 +8,7 @@ worker process exports its own task spans, task metrics and readings.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -115,6 +116,10 @@ def test_every_task_on_every_worker_joins_one_trace(receiver, order):
     assert total["attributes"]["dask.task.dependency_count"] == 20
     assert total["attributes"]["dask.task.type"] == "int"
     assert total["attributes"]["code.function.name"] == "sum"
+    # The handle's counters include the workers' processes, which exported the task spans.
+    stats = json.loads(app.value("STATS"))
+    assert stats["worker_processes"] == 2
+    assert stats["spans_exported"] >= 22 and stats["spans_undelivered"] == 0
 
 
 def test_task_metrics_and_readings_come_from_every_worker(receiver):

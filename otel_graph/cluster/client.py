@@ -236,6 +236,31 @@ class ClusterCapture:
             ok = ok and done and all(results.values())
         return ok
 
+    def worker_stats(self, timeout_s: float) -> tuple[dict[str, int], int]:
+        """The delivery counters of the attached clusters' worker processes, summed; and how many answered."""
+        from otel_graph.cluster.worker import worker_delivery
+
+        totals: dict[str, int] = {}
+        by_pid: dict[tuple[str, int], dict[str, int]] = {}
+        aggregated = 0
+        for client in list(self._attached):
+            if getattr(client, "status", "") != "running" or getattr(client, "asynchronous", False):
+                continue
+            done, results = _bounded(lambda client=client: client.run(worker_delivery), timeout_s,
+                                     "reading the workers' delivery counters")
+            for address, answer in (results or {}).items() if done else ():
+                if answer is None:
+                    continue
+                pid, counters = answer
+                aggregated += counters.pop("tasks_aggregated", 0)
+                # Workers sharing a process share its exporter: count that process once.
+                by_pid[(address.rsplit(":", 1)[0], pid)] = counters
+        for counters in by_pid.values():
+            for name, value in counters.items():
+                totals[name] = totals.get(name, 0) + value
+        totals["tasks_aggregated"] = aggregated
+        return totals, len(by_pid)
+
     def _on_event(self, client_id: str, cluster: str, event: Any) -> None:
         try:
             _, message = event

@@ -541,6 +541,21 @@ async def flush_worker(dask_worker: Any = None, timeout_s: float = 30.0) -> bool
     return await asyncio.get_running_loop().run_in_executor(None, flush)
 
 
+def worker_delivery(dask_worker: Any = None) -> tuple[int, dict[str, int]] | None:
+    """Run on each worker by ``handle.stats(workers=True)``: its process's delivery counters.
+
+    None for a worker living in the caller's process (its counters are the caller's own)
+    or exporting through providers of someone else's. The pid lets the caller count a
+    process hosting several workers once.
+    """
+    telemetry = _ProcessTelemetry.by_worker.get(dask_worker)
+    if telemetry is None or telemetry._in_process or telemetry._providers.owned is None:
+        return None
+    current = telemetry._providers.owned.stats()
+    current["tasks_aggregated"] = telemetry.tasks_aggregated
+    return os.getpid(), current
+
+
 def close_in_process() -> None:
     """On ``uninstrument()``: close the telemetry of workers living in this process, now.
 

@@ -11,6 +11,7 @@ Configured the user's way, through OTEL_* variables, plus arguments:
 ``--memory-limit TEXT``  per-worker memory limit (for spill)
 ``--parent``             run the compute inside a span of the app's own
 ``--flush``              call handle.flush() before closing the client, print FLUSHED
+                         and STATS (handle.stats(workers=True), as JSON)
 ``--wait-workers N``     wait for N workers first (with --scheduler)
 ``--flush-timeout S``    the flush's timeout (default 30)
 ``--debug-logs``         log everything at DEBUG to stderr
@@ -24,6 +25,7 @@ It prints RESULT (or FAILED with the exception type), TRACE_ID/PARENT_SPAN_ID un
 from __future__ import annotations
 
 import argparse
+import json
 import operator
 import os
 import sys
@@ -215,6 +217,7 @@ def main() -> None:
             os.kill(pid, signal.SIGCONT)
     elif args.flush:
         print("FLUSHED", handle.flush(timeout_s=args.flush_timeout), flush=True)
+        print("STATS", json.dumps(handle.stats(workers=True)), flush=True)
     if args.hold:
         print("HOLDING", flush=True)
         sys.stdin.readline()
