@@ -40,7 +40,8 @@ in the middle of a run:
 
 Only requests answered with OK / 200 are stored: a refused request, or one
 still hung or delayed when the receiver stops, is not. ``requests_answered``
-and ``requests_failed`` count answers; ``requests_pending`` counts requests
+and ``requests_failed`` count answers (``refused`` by signal: ``{"traces": 3}``);
+``requests_pending`` counts requests
 held right now by ``hang`` or ``delay_s``. A gRPC request is stored just before
 its response is sent, so a client whose deadline expires in that instant sees
 a failure for a request the receiver kept. Tests that race deadlines against
@@ -131,6 +132,7 @@ class OtlpReceiver:
         self._received: list[Received] = []
         self.requests_answered = 0
         self.requests_failed = 0
+        self.refused: dict[str, int] = {}
         self.requests_pending = 0
         self._started = False
         self._stopping = False
@@ -277,6 +279,7 @@ class OtlpReceiver:
                     return None
                 if self.fail:
                     self.requests_failed += 1
+                    self.refused[received.signal] = self.refused.get(received.signal, 0) + 1
                     return False
                 self._received.append(received)
                 self.requests_answered += 1
@@ -339,6 +342,7 @@ class OtlpReceiver:
         with self._cond:
             self._received.clear()
             self.requests_answered = self.requests_failed = 0
+            self.refused = {}
 
 
 class _Servicer(

@@ -167,11 +167,13 @@ def test_a_broken_collector_never_hurts_the_computation(state):
 def test_data_held_while_the_collector_is_down_arrives_when_it_returns(receiver):
     receiver.fail = True
     proc = subprocess.Popen([sys.executable, str(APP), "--tasks", "300", "--wait-stdin", "--flush"],
-                            env=otlp_env(receiver.grpc_endpoint, "grpc", OTEL_GRAPH_MAX_TASK_SPANS="unlimited"),
+                            env=otlp_env(receiver.grpc_endpoint, "grpc", OTEL_GRAPH_MAX_TASK_SPANS="unlimited",
+                                         OTEL_METRIC_EXPORT_INTERVAL="200"),
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().startswith("RESULT")
-        assert receiver.wait_for(lambda r: r.requests_failed > 0, timeout_s=30)
+        # Both signals were refused while the collector was down.
+        assert receiver.wait_for(lambda r: set(r.refused) >= {"traces", "metrics"}, timeout_s=30)
         receiver.fail = False
         proc.stdin.write("go\n")
         proc.stdin.flush()
@@ -181,6 +183,10 @@ def test_data_held_while_the_collector_is_down_arrives_when_it_returns(receiver)
     assert "FLUSHED True" in out, (out, err)
     names = [s["name"] for s in receiver.spans()]
     assert names.count("inc") == 300 and names.count("dask.compute") == 1
+    # Metrics are cumulative: the first export after the outage carries every task.
+    assert max(p["count"] for p in metric_points(receiver, "dask.task.duration")
+               if p["attributes"]["dask.task.prefix"] == "inc") == 300
+    assert max(p["count"] for p in metric_points(receiver, "dask.compute.duration")) == 1
 
 
 def test_slow_collector_loses_nothing():
