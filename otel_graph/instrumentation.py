@@ -32,7 +32,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_graph._version import __version__
-from otel_graph.config import ConfigurationError, Settings, load_settings
+from otel_graph.config import ConfigurationError, Settings, exit_timeout, load_settings
 from otel_graph.local import LocalCapture
 from otel_graph.metrics import TaskMetrics, observe_delivery, observe_memory
 from otel_graph.resources import Switch
@@ -291,7 +291,9 @@ class Instrumentation:
         # With the collector down or hung, building the last spans only delays the exit:
         # they are counted as not delivered instead.
         healthy = processor is None or processor.healthy
-        unbuilt = self._tracker.stop(timeout, drain=healthy)
+        if not healthy:  # it may be back: ask it once, now, rather than trust the last failure
+            healthy = processor.probe(timeout_s=min(0.5, timeout / 2))
+        unbuilt = self._tracker.stop(max(0.1, timeout - (time.monotonic() - started)), drain=healthy)
         if owned is not None:
             # Readings stay on until the final collection, so short scripts report them too.
             left = max(0.1, timeout - (time.monotonic() - started))
@@ -391,4 +393,4 @@ def _exit() -> None:
     if handle is not None:
         handle._at_exit()
     elif _Process.owned is not None:
-        _report_undelivered(_Process.owned, 1.5)
+        _report_undelivered(_Process.owned, exit_timeout())

@@ -388,6 +388,21 @@ def otlp_span_exporter(*, protocol: str) -> SpanExporter:
     raise ValueError(f"OTLP protocol {protocol!r} is not supported; use 'grpc' or 'http/protobuf'")
 
 
+def stop_retry_waits(exporter: Any) -> None:
+    """From now on, a stock OTLP exporter (of spans or metrics) tries each export once.
+
+    The stock exporters retry inside ``export()`` with exponential backoff (1, 2, 4 s...)
+    until their timeout, and wait on an event that their ``shutdown()`` sets. Setting it
+    alone, at exit, cuts short a retry sleeping through a collector that has just come
+    back, and leaves retrying to otel_graph's processor, which retries at once then.
+    """
+    stock = exporter._stock if isinstance(exporter, _FastHttpSpanExporter) else exporter
+    for event in (getattr(stock, "_shutdown_in_progress", None),  # gRPC
+                  getattr(getattr(stock, "_client", None), "_shutdown_event", None)):  # HTTP
+        if callable(getattr(event, "set", None)):
+            event.set()
+
+
 class _FastHttpSpanExporter(SpanExporter):
     """The stock HTTP exporter's ``export`` with the fast encoder; all else is the stock exporter's."""
 

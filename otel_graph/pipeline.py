@@ -44,6 +44,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from otel_graph.config import DEFAULT_EXIT_TIMEOUT_S
 from otel_graph.histograms import HistogramSet
 
 logger = logging.getLogger("otel_graph")
@@ -84,6 +85,8 @@ class ReliableSpanProcessor(SpanProcessor):
         self._inflight = 0
         self._inflight_since = 0.0
         self._last_ok = True
+        self._last_began = 0.0  # when the last completed export attempt began
+        self._retry_now = False  # at exit: no more waiting out backoffs
         self._flushing = 0
         self._stopped = False
         self._warned = False
@@ -120,7 +123,7 @@ class ReliableSpanProcessor(SpanProcessor):
         return self._wait_empty(timeout_millis / 1000)
 
     def shutdown(self) -> None:
-        self.deliver_remaining(timeout_s=1.5)
+        self.deliver_remaining(timeout_s=DEFAULT_EXIT_TIMEOUT_S)
 
     # -- delivery -----------------------------------------------------------------
     @property
@@ -133,6 +136,29 @@ class ReliableSpanProcessor(SpanProcessor):
         stuck = self._inflight and time.monotonic() - self._inflight_since > 1.0
         return self._last_ok and not stuck
 
+    def probe(self, *, timeout_s: float) -> bool:
+        """At exit: try the collector now, backoffs cut short; True if it took a batch.
+
+        A collector back up just before exit would otherwise find this processor asleep
+        in its backoff (and the exporter in its own), and exit would count as lost what
+        it could have delivered. False when nothing is queued to try it with.
+        """
+        asked = time.monotonic()
+        self._hurry()
+        with self._cond:
+            self._cond.wait_for(lambda: self._last_began >= asked or self._stopped
+                                or not (self._queue or self._inflight), timeout_s)
+            return self._last_began >= asked and self._last_ok
+
+    def _hurry(self) -> None:
+        # Exit is near: retry at once, never sleep out a backoff, ours or the exporter's.
+        from otel_graph.otlp_fast import stop_retry_waits
+
+        stop_retry_waits(self._exporter)
+        with self._cond:
+            self._retry_now = True
+            self._cond.notify_all()
+
     def deliver_remaining(self, *, timeout_s: float) -> int:
         """Export what is queued while progress is made; return how many spans were given up on.
 
@@ -141,6 +167,7 @@ class ReliableSpanProcessor(SpanProcessor):
         """
         if self._stopped:
             return 0
+        self._hurry()
         hard_deadline = time.monotonic() + 4 * timeout_s
         while self.pending:
             before = self.exported
@@ -213,12 +240,12 @@ class ReliableSpanProcessor(SpanProcessor):
         backoff = 0.0
         while True:
             with self._cond:
-                if backoff:
+                if backoff and not self._retry_now:
                     self._cond.wait(backoff)
                 else:
                     deadline = time.monotonic() + self._delay
                     while not self._stopped and len(self._queue) < self._max_batch and not (
-                            self._flushing and self._queue):
+                            (self._flushing or self._retry_now) and self._queue):
                         remaining = deadline - time.monotonic()
                         if remaining <= 0:
                             break
@@ -229,11 +256,12 @@ class ReliableSpanProcessor(SpanProcessor):
             if not batch:
                 backoff = 0.0
                 continue
+            began = self._inflight_since
             exported, retry, unexportable = self._deliver(batch)
             full = False
             with self._cond:
                 self._inflight = 0
-                self._last_ok = not retry
+                self._last_ok, self._last_began = not retry, began
                 if self._stopped:
                     pass  # deliver_remaining already counted this batch as undelivered
                 else:
@@ -302,6 +330,25 @@ class CountingMetricExporter(MetricExporter):
         self.exported = 0
         self.undelivered = 0
         self.inflight = 0
+        self._lock = threading.Lock()
+        self._given_up = False
+
+    @property
+    def inner(self) -> MetricExporter:
+        return self._inner
+
+    def give_up(self) -> None:
+        """At exit: count an export still in flight as undelivered, now, and none after.
+
+        The SDK reader's shutdown stops waiting for its export thread after its timeout
+        and returns; the export may still fail later, after the warning was printed, or
+        never end before the process does. Its points must be in the warning.
+        """
+        with self._lock:
+            if not self._given_up:
+                self._given_up = True
+                self.undelivered += self.inflight
+                self.inflight = 0
 
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
                ) -> MetricExportResult:
@@ -309,18 +356,24 @@ class CountingMetricExporter(MetricExporter):
             temporality = self._preferred_temporality.get(HistogramInstrument, AggregationTemporality.CUMULATIVE)
             metrics_data = self._histograms.merge_into(metrics_data, temporality)
         points = _count_points(metrics_data)
-        self.inflight = points
+        with self._lock:
+            if self._given_up:  # past exit's deadline: nobody is left to report it
+                self.undelivered += points
+                return MetricExportResult.FAILURE
+            self.inflight = points
         try:
             result = self._inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
         except Exception:
             logger.debug("otel_graph: metric exporter raised", exc_info=True)
             result = MetricExportResult.FAILURE
-        finally:
+        with self._lock:
+            if self._given_up:  # counted by give_up() already, whatever became of it
+                return result
             self.inflight = 0
-        if result == MetricExportResult.SUCCESS:
-            self.exported += points
-        else:
-            self.undelivered += points
+            if result == MetricExportResult.SUCCESS:
+                self.exported += points
+            else:
+                self.undelivered += points
         return result
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:

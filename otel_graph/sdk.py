@@ -186,6 +186,11 @@ class OwnedSdk:
         collector costs one ``timeout_s`` in all, not one per signal.
         """
         metrics_done = threading.Event()
+        if self.metric_exporter is not None:
+            # A periodic export asleep in its retry backoff would hold the final one back.
+            from otel_graph.otlp_fast import stop_retry_waits
+
+            stop_retry_waits(self.metric_exporter.inner)
         if self.meter_provider is not None:
             provider = self.meter_provider
 
@@ -202,10 +207,11 @@ class OwnedSdk:
         started = time.monotonic()
         if self.span_processor is not None:
             self.span_processor.deliver_remaining(timeout_s=timeout_s)
-        if not metrics_done.wait(max(0.0, timeout_s - (time.monotonic() - started))):
-            exporter = self.metric_exporter
-            if exporter is not None:
-                exporter.undelivered += exporter.inflight
+        metrics_done.wait(max(0.0, timeout_s - (time.monotonic() - started)))
+        if self.metric_exporter is not None:
+            # Even when shutdown returned: the SDK's reader returns from it on its own
+            # timeout, its export still running.
+            self.metric_exporter.give_up()
 
 
 def build_sdk(settings: Settings, *, traces: bool, metrics: bool, scope: InstrumentationScope,

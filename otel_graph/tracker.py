@@ -253,7 +253,10 @@ class Tracker:
             self._wake.notify_all()
         self._thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
         if not drain or self._thread.is_alive():
-            return self.unprocessed()
+            left = self.unprocessed()
+            if not self._thread.is_alive():
+                self._release()
+            return left
         # A compute still running in another thread (uninstrument mid-compute): close it
         # with what it has, marked incomplete, rather than leave it open and referenced.
         for record in list(self._records):
@@ -263,6 +266,17 @@ class Tracker:
                 self.processing_errors += 1
                 logger.debug("otel_graph: failed to close an open compute", exc_info=True)
         return 0
+
+    def _release(self) -> None:
+        # Free records (and the graphs and results they hold) now, inside the exit hook and
+        # its time budget: left to the interpreter's teardown, freeing 10^5 of them
+        # stretched an exit past 2 s with the collector down (benchmarks/bench_faults.py).
+        with self._lock:
+            records = list(self._records)
+            self._records.clear()
+        for record in records:
+            record.sink = []
+            record.graph = record.state = record.error = None
 
     def unprocessed(self) -> int:
         """Task records not yet turned into spans, plus the root spans of computes still open."""

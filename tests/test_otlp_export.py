@@ -189,6 +189,32 @@ def test_data_held_while_the_collector_is_down_arrives_when_it_returns(receiver)
     assert max(p["count"] for p in metric_points(receiver, "dask.compute.duration")) == 1
 
 
+def test_a_collector_back_just_before_exit_gets_everything_without_a_flush(receiver):
+    # Down through the whole run; back as the script ends. The exporter is asleep in its
+    # retry backoff (1, 2, 4 s...) and the processor in its own: exit must try again at once.
+    receiver.fail = True
+    proc = subprocess.Popen([sys.executable, str(APP), "--tasks", "300", "--wait-stdin"],
+                            env=otlp_env(receiver.grpc_endpoint, "grpc", OTEL_GRAPH_MAX_TASK_SPANS="unlimited",
+                                         OTEL_METRIC_EXPORT_INTERVAL="200"),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().startswith("RESULT")
+        assert proc.stdout.readline().startswith("LAST_COMPUTE_END")
+        assert proc.stdout.readline().startswith("COMPUTED")
+        assert receiver.wait_for(lambda r: r.refused.get("traces", 0) >= 2, timeout_s=30)  # retried once already
+        receiver.fail = False
+        out, err = proc.communicate("go\n", timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    names = [s["name"] for s in receiver.spans()]
+    assert names.count("inc") == 300 and names.count("dask.compute") == 1, err
+    assert max(p["count"] for p in metric_points(receiver, "dask.task.duration")
+               if p["attributes"]["dask.task.prefix"] == "inc") == 300
+    # Refused metric exports are counted (their totals arrived with the next one); no span is.
+    assert not [line for line in err.splitlines() if "not delivered" in line and "otel_graph: 0 spans" not in line]
+
+
 def test_slow_collector_loses_nothing():
     # The SDK's batch processor lost 79% of spans behind a 50 ms collector.
     with OtlpReceiver(delay_s=0.05) as slow:
