@@ -45,6 +45,7 @@ test: $(STAMP) $(SYSTEM) $(NODE_STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/run.py
 	$(PY) benchmarks/bench_distributed.py
+	$(PY) benchmarks/bench_faults.py
 
 demo: $(STAMP)
 	$(VENV)/bin/otel-graph demo

@@ -117,6 +117,7 @@ class OtlpReceiver:
         tls_cert_file: str | Path | None = None,
         tls_key_file: str | Path | None = None,
         grpc_workers: int = 16,
+        grpc_port: int = 0,
     ) -> None:
         if (tls_cert_file is None) != (tls_key_file is None):
             raise ValueError("tls_cert_file and tls_key_file go together")
@@ -125,6 +126,7 @@ class OtlpReceiver:
         self._hang = hang
         self._tls = (Path(tls_cert_file), Path(tls_key_file)) if tls_cert_file and tls_key_file else None
         self._grpc_workers = grpc_workers
+        self._grpc_want_port = grpc_port  # 0: the OS chooses; a collector restarted on its port passes it
         # One condition guards the store, the counters and the knobs. Hung
         # handlers and wait_for() callers both wait on it. It is reentrant so
         # a wait_for predicate may call spans() while the lock is held.
@@ -179,11 +181,13 @@ class OtlpReceiver:
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(servicer, server)
         logs_service_pb2_grpc.add_LogsServiceServicer_to_server(servicer, server)
         if self._tls is None:
-            self._grpc_port = server.add_insecure_port("127.0.0.1:0")
+            self._grpc_port = server.add_insecure_port(f"127.0.0.1:{self._grpc_want_port}")
         else:
             cert, key = self._tls
             credentials = grpc.ssl_server_credentials([(key.read_bytes(), cert.read_bytes())])
-            self._grpc_port = server.add_secure_port("127.0.0.1:0", credentials)
+            self._grpc_port = server.add_secure_port(f"127.0.0.1:{self._grpc_want_port}", credentials)
+        if not self._grpc_port:
+            raise OSError(f"the OTLP receiver cannot listen on 127.0.0.1:{self._grpc_want_port}")
         server.start()
 
     def _start_http(self) -> None:
