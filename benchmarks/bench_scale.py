@@ -82,8 +82,8 @@ def summarize(spans: list[dict], points: list[dict]) -> dict[str, Any]:
     task_spans, aggregated, aggregates = Counter(), Counter(), Counter()
     for span in spans:
         parent = span["parent_span_id"]
-        if parent not in roots:
-            continue
+        if parent not in roots or "dask.task.prefix" not in span["attributes"]:
+            continue  # progress spans are the root's children too
         if span["attributes"].get("dask.task.aggregate"):
             aggregates[parent] += 1
             aggregated[parent] += span["attributes"]["dask.task.count"]

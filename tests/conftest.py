@@ -37,7 +37,9 @@ class Telemetry:
         return [s for s in self.spans() if s.name == "dask.compute"]
 
     def children(self, root: ReadableSpan) -> list[ReadableSpan]:
-        return [s for s in self.spans() if s.parent is not None and s.parent.span_id == root.context.span_id]
+        """Spans under ``root``, without the progress spans a compute gets past its first second."""
+        return [s for s in self.spans() if s.parent is not None and s.parent.span_id == root.context.span_id
+                and s.name != "dask.compute.progress"]
 
     def points(self, name: str) -> list[Any]:
         self.handle.flush(timeout_s=30)
