@@ -14,6 +14,8 @@ the one to fix. Checked against distributed 2026.8:
 * transfers are logged with their bytes in ``worker.transfer_incoming_log``.
 * scheduler: ``task_prefixes[*].states`` (current counts), ``workers[*].memory`` (a
   ``MemoryState``) and ``workers[*].memory_limit``.
+* client: ``_scheduler_identity`` (``n_workers``, and ``id``, which changes when the
+  client reconnects to a scheduler started anew), ``_state`` of a future, ``_started``.
 
 Every function here tolerates a missing field by returning less, never by raising.
 """
@@ -233,6 +235,17 @@ def is_closing(worker: Any) -> bool:
 def scheduler_address(client: Any) -> str:
     scheduler = getattr(client, "scheduler", None)
     return str(getattr(scheduler, "address", "") or "")
+
+
+def scheduler_id(client: Any) -> str | None:
+    """The id of the scheduler the client last identified (``Scheduler-<uuid>``, one per scheduler process).
+
+    From ``client._scheduler_identity``, which the client refreshes on (re)connecting
+    and on calls such as ``scheduler_info`` or ``wait_for_workers``: no round trip.
+    """
+    identity = getattr(client, "_scheduler_identity", None) or {}
+    value = identity.get("id") if hasattr(identity, "get") else None
+    return str(value) if value else None
 
 
 def chain_async_start(client: Any, then: Any) -> bool:

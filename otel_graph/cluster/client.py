@@ -20,7 +20,9 @@ A client is *attached* once (at ``Client.start``, on its first traced call, or b
 ``instrument_scheduler(client=...)``): the scheduler and worker plugins are registered
 if the cluster does not have them yet, the client joins the scheduler's set of
 instrumented clients, and it listens to the ``otel-graph`` topic, whose events set
-``dask.graph.tasks`` and add ``dask.worker.lost`` events to its open computes. Waiting
+``dask.graph.tasks`` and add ``dask.worker.lost`` events to its open computes. A client
+that distributed reconnected to a scheduler started anew on the same address is
+attached again at its next traced call (:meth:`ClusterCapture._follow_scheduler`). Waiting
 on the cluster is bounded (:data:`CLUSTER_TIMEOUT_S`); past it the work goes on in the
 background and the caller's call proceeds. ``uninstrument()`` leaves the cluster, and
 the last instrumented client to leave takes the plugins off.
@@ -111,6 +113,8 @@ class ClusterCapture:
         self._register = register
         self._originals: dict[str, Any] = {}
         self._attached: weakref.WeakSet = weakref.WeakSet()
+        #: The scheduler each attached client was attached to (its ``Scheduler-<uuid>`` id).
+        self._scheduler_ids: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         self._closed = False
         self._pending: set[Any] = set()  # asyncio tasks in flight: an unreferenced task may vanish
@@ -138,9 +142,14 @@ class ClusterCapture:
                 self._leave(client)
 
     # -- attaching to a cluster --------------------------------------------------------------
-    def attach(self, client: Any) -> None:
-        """Attach ``client`` once; see the module docs. Never raises."""
-        if getattr(client, "status", "") != "running" or not self._claim(client):
+    def attach(self, client: Any, *, reconnecting: bool = False) -> None:
+        """Attach ``client`` once; see the module docs. Never raises.
+
+        ``reconnecting``: the client is still reconnecting to a new scheduler; registering
+        goes by RPC and the subscription is sent once it is connected, so it can attach.
+        """
+        status = getattr(client, "status", "")
+        if not (status == "running" or reconnecting and status == "connecting") or not self._claim(client):
             return
         if getattr(client, "asynchronous", False):
             try:
@@ -171,7 +180,35 @@ class ClusterCapture:
             if client in self._attached:
                 return False
             self._attached.add(client)
+            self._scheduler_ids[client] = adapter.scheduler_id(client)
             return True
+
+    def _follow_scheduler(self, client: Any) -> None:
+        """Attach again if the client's scheduler was replaced since it was attached.
+
+        distributed reconnects a client to a scheduler started anew on the same address
+        (after a crash, by a supervisor) on its own, but the new scheduler has none of our
+        plugins, so its workers would make no task spans, and the client's subscription
+        to our topic ended with the old one. The client learns the new scheduler's id when
+        it reconnects (or from any call that asks the scheduler, such as
+        ``wait_for_workers``): a dict lookup per traced call, no round trip.
+        """
+        if client not in self._attached:
+            return
+        current = adapter.scheduler_id(client)
+        with self._lock:
+            attached_to = self._scheduler_ids.get(client)
+            if current is None or current == attached_to:
+                return
+            if attached_to is None:  # attached before the client knew its scheduler
+                self._scheduler_ids[client] = current
+                return
+            self._attached.discard(client)
+        try:
+            client.unsubscribe_topic(TOPIC)  # so that subscribing again replaces it quietly
+        except Exception:
+            logger.debug("otel_graph: unsubscribe failed", exc_info=True)
+        self.attach(client, reconnecting=True)
 
     def _plugins(self) -> tuple[Any, Any]:
         env = _client_env()
@@ -318,6 +355,7 @@ class ClusterCapture:
     def _traced(self, original: Any, kind: str, client: Any, args: tuple, kwargs: dict) -> Any:
         record = None
         try:
+            self._follow_scheduler(client)
             self.attach(client)
             record = self._begin()
             record.cluster = adapter.scheduler_address(client)

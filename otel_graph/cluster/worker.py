@@ -49,6 +49,7 @@ from opentelemetry.metrics import Observation
 
 from otel_graph.cluster import adapter
 from otel_graph.cluster.propagation import ANNOTATION, budget_of, parent_span, seal_env, unseal_env
+from otel_graph.config import exit_timeout
 from otel_graph.events import ErrorInfo, task_prefix
 from otel_graph.policy import Aggregate, SpanPlan
 from otel_graph.spans import aggregate_attributes, function_names, key_text, run_attributes
@@ -349,12 +350,71 @@ def _start(worker: Any, client_env: dict[str, str]) -> WorkerTelemetry | None:
         if providers is None:
             providers = process_providers(settings, {"dask.worker.id": address, "dask.worker.name": name})
             _trace_nested_computes(providers, settings)
+            _deliver_on_sigterm()
         ensure_exit_hook()
         add_aggregated_source(_tasks_aggregated)
         telemetry = _ProcessTelemetry.by_worker[worker] = WorkerTelemetry(worker, providers=providers,
                                                                           settings=settings, in_process=in_process)
         _observe_spill(providers.meter_provider)
         return telemetry
+
+
+#: The pid that installed :func:`_on_sigterm`: a child forked from a worker (a task's own
+#: multiprocessing pool, say) inherits the handler but none of the threads it would need.
+_SIGTERM_PID: int | None = None
+
+
+def _deliver_on_sigterm() -> None:
+    """In a worker process of its own, SIGTERM delivers what was recorded, then terminates as before.
+
+    Python's default action for SIGTERM ends the process at once, without atexit: a
+    worker process told to stop (``kill PID``; a batch system's SIGTERM to every
+    process of a job, nanny and worker alike) would lose everything recorded since its
+    last drain, including task spans whose results live on elsewhere and are never
+    rerun. Only the default action is replaced: a handler of the application's (or of
+    ``dask worker --no-nanny``, which closes the worker gracefully) is left alone. The
+    process still ends by SIGTERM, so a nanny watching it sees what it saw before, at
+    most :func:`sigterm_delivery_s` later.
+    """
+    global _SIGTERM_PID
+    import signal
+
+    # Python runs signal handlers on the main thread only, and only it may set them; an
+    # in-process cluster's workers live on another thread (and the process has its own exit).
+    if _SIGTERM_PID is not None or threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    except (ValueError, OSError):  # no signals here (an embedded interpreter): only the signal is lost
+        return
+    _SIGTERM_PID = os.getpid()
+
+
+def sigterm_delivery_s() -> float:
+    """The most a SIGTERM waits for delivery: what a normal exit may take (drain, then deliver)."""
+    return 2 * exit_timeout()
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    import signal
+
+    # A second SIGTERM while this delivers ends the process at once, as the first would have.
+    signal.signal(signum, signal.SIG_DFL)
+    if os.getpid() == _SIGTERM_PID:
+        try:
+            # What a normal exit runs (the atexit hook), on a thread of its own: this thread
+            # was interrupted anywhere, maybe holding a lock delivery needs, and the wait
+            # must have a hard bound however the collector behaves.
+            from otel_graph.instrumentation import _exit as deliver_as_at_exit
+
+            delivery = threading.Thread(target=deliver_as_at_exit, name="otel-graph-sigterm", daemon=True)
+            delivery.start()
+            delivery.join(sigterm_delivery_s())
+        except BaseException:
+            logger.debug("otel_graph: delivery on SIGTERM failed", exc_info=True)
+    os.kill(os.getpid(), signum)
 
 
 #: Ports tried after OTEL_EXPORTER_PROMETHEUS_PORT when several cluster processes share a host.
@@ -567,15 +627,6 @@ def close_in_process() -> None:
             _stop(worker)
 
 
-def telemetry_exit_timeout() -> float:
-    from otel_graph.config import load_settings
-
-    try:
-        return load_settings().exit_timeout_s
-    except Exception:
-        return 1.5
-
-
 def close_at_exit() -> None:
     """At interpreter exit: what the workers recorded becomes spans; the exit hook then delivers once."""
     for worker in list(_ProcessTelemetry.by_worker.keys()):
@@ -583,4 +634,4 @@ def close_at_exit() -> None:
     if _ProcessTelemetry.nested is not None:
         tracker, capture = _ProcessTelemetry.nested
         capture.uninstall(detach=False)
-        tracker.stop(telemetry_exit_timeout())
+        tracker.stop(exit_timeout())
