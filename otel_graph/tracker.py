@@ -13,7 +13,7 @@ list and nothing more. This module owns everything after that:
   long job's spans reach the collector while it runs;
 * a compute still running gets ``dask.compute.progress`` spans, children of its root:
   the first once it has run :data:`FIRST_PROGRESS_NS`, covering its run so far, then one
-  per ``progress_interval_s``. A root span is only exported when it ends, so without
+  per ``progress_interval_s``, doubling every :data:`PROGRESS_SPANS_PER_STEP`. A root span is only exported when it ends, so without
   them a 10-hour job's trace has no span of its own, only task spans, until the end;
   with them Jaeger finds the running compute by the ``dask.compute.progress`` operation
   and shows how far it got. (The idea of Logfire's "pending spans".)
@@ -55,6 +55,9 @@ MAX_BACKLOG = 256
 #: A compute running this long at a drain gets its first progress span: computes shorter
 #: than it, nearly all of them, cost nothing more.
 FIRST_PROGRESS_NS = 10**9
+#: After this many progress spans a compute's progress interval doubles, and again after
+#: as many more: a trace's span count stays bounded (a 24-hour job at 30 s: 500, not 2,880).
+PROGRESS_SPANS_PER_STEP = 100
 PROGRESS_SPAN = "dask.compute.progress"
 
 
@@ -63,7 +66,7 @@ class ComputeRecord:
 
     __slots__ = ("scheduler", "span", "context", "start_ns", "end_ns", "error", "sink", "submitted",
                  "lost", "seen", "graph", "state", "plan", "sampled", "graph_tasks", "cluster",
-                 "cluster_events", "task_span_ids", "caller", "parents", "assign_ids", "in_backlog", "progress_ns")
+                 "cluster_events", "task_span_ids", "caller", "parents", "assign_ids", "in_backlog", "progress_ns", "progress_spans")
 
     def __init__(self, scheduler: str, span: trace.Span, start_ns: int, *, assign_ids: bool = False) -> None:
         self.scheduler = scheduler
@@ -95,6 +98,7 @@ class ComputeRecord:
         self.in_backlog = False
         #: The end of the last progress span; None before the first.
         self.progress_ns: int | None = None
+        self.progress_spans = 0
 
     def parent_for(self, thread: int) -> TaskParent:
         """The parent of spans started by tasks of this compute on ``thread`` (made once)."""
@@ -348,11 +352,12 @@ class Tracker:
         if not record.sampled:
             return
         now = time.time_ns()
-        since, wait = ((record.start_ns, FIRST_PROGRESS_NS) if record.progress_ns is None
-                       else (record.progress_ns, self._progress_ns))
+        since, wait = ((record.start_ns, FIRST_PROGRESS_NS) if record.progress_ns is None else
+                       (record.progress_ns, self._progress_ns << (record.progress_spans // PROGRESS_SPANS_PER_STEP)))
         if now - since < wait:
             return
         record.progress_ns = now
+        record.progress_spans += 1
         attributes: dict[str, Any] = {"dask.scheduler": record.scheduler}
         if record.graph_tasks is not None:
             attributes["dask.graph.tasks"] = record.graph_tasks

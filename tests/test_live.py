@@ -124,3 +124,15 @@ def test_a_running_jobs_trace_is_in_the_collector_before_its_root_span(scheduler
     assert progress[-1]["attributes"]["dask.compute.tasks_running"] == 1  # the gate
     assert progress[-1]["attributes"]["dask.compute.tasks_waiting"] == 0
     assert root["attributes"]["dask.graph.tasks"] == tasks + 1  # progress spans are not tasks
+
+
+@pytest.mark.parametrize("telemetry", [{"drain_interval_s": 0.001, "progress_interval_s": 0.001}], indirect=True)
+def test_progress_spans_thin_out_so_a_long_trace_stays_bounded(telemetry):
+    # Every 100 progress spans the interval doubles: 100 at >= 1 ms, 100 at >= 2 ms, ...
+    import time
+
+    dask.get({"nap": (time.sleep, 3.0)}, "nap")  # the first progress span comes after 1 s
+    progress = sorted((s for s in telemetry.spans() if s.name == "dask.compute.progress"), key=lambda s: s.start_time)
+    assert len(progress) > 200  # it ran through two doublings at least
+    for index, span in enumerate(progress[1:], start=1):
+        assert span.end_time - span.start_time >= 10**6 << (index // 100), index
