@@ -332,10 +332,19 @@ class CountingMetricExporter(MetricExporter):
         self.inflight = 0
         self._lock = threading.Lock()
         self._given_up = False
+        self._hurried = False
 
-    @property
-    def inner(self) -> MetricExporter:
-        return self._inner
+    def hurry(self) -> None:
+        """At exit: no more sleeping between retries, and a failed export is tried once more at once.
+
+        The exporter's first try after an outage fails on the connection it had, which
+        it then replaces; without retry sleeps the final export would end on that
+        failure, with the collector back and a fresh connection ready.
+        """
+        from otel_graph.otlp_fast import stop_retry_waits
+
+        stop_retry_waits(self._inner)
+        self._hurried = True
 
     def give_up(self) -> None:
         """At exit: count an export still in flight as undelivered, now, and none after.
@@ -361,11 +370,9 @@ class CountingMetricExporter(MetricExporter):
                 self.undelivered += points
                 return MetricExportResult.FAILURE
             self.inflight = points
-        try:
-            result = self._inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
-        except Exception:
-            logger.debug("otel_graph: metric exporter raised", exc_info=True)
-            result = MetricExportResult.FAILURE
+        result = self._export(metrics_data, timeout_millis, **kwargs)
+        if result != MetricExportResult.SUCCESS and self._hurried:
+            result = self._export(metrics_data, timeout_millis, **kwargs)
         with self._lock:
             if self._given_up:  # counted by give_up() already, whatever became of it
                 return result
@@ -375,6 +382,13 @@ class CountingMetricExporter(MetricExporter):
             else:
                 self.undelivered += points
         return result
+
+    def _export(self, metrics_data: MetricsData, timeout_millis: float, **kwargs: Any) -> MetricExportResult:
+        try:
+            return self._inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+        except Exception:
+            logger.debug("otel_graph: metric exporter raised", exc_info=True)
+            return MetricExportResult.FAILURE
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
         return self._inner.force_flush(timeout_millis=timeout_millis)

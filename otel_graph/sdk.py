@@ -188,9 +188,7 @@ class OwnedSdk:
         metrics_done = threading.Event()
         if self.metric_exporter is not None:
             # A periodic export asleep in its retry backoff would hold the final one back.
-            from otel_graph.otlp_fast import stop_retry_waits
-
-            stop_retry_waits(self.metric_exporter.inner)
+            self.metric_exporter.hurry()
         if self.meter_provider is not None:
             provider = self.meter_provider
 

@@ -189,30 +189,46 @@ def test_data_held_while_the_collector_is_down_arrives_when_it_returns(receiver)
     assert max(p["count"] for p in metric_points(receiver, "dask.compute.duration")) == 1
 
 
-def test_a_collector_back_just_before_exit_gets_everything_without_a_flush(receiver):
-    # Down through the whole run; back as the script ends. The exporter is asleep in its
-    # retry backoff (1, 2, 4 s...) and the processor in its own: exit must try again at once.
-    receiver.fail = True
+@pytest.mark.parametrize("outage", ["refusing", "down"])
+def test_a_collector_back_just_before_exit_gets_everything_without_a_flush(outage):
+    # Out through the whole run; back as the script ends. The exporters are asleep in their
+    # retry backoff (1, 2, 4 s...), holding connections that failed, and the processor in
+    # its own backoff: exit must try again at once, on fresh connections.
+    first = OtlpReceiver(fail=True).start()
+    endpoint = first.grpc_endpoint
+    if outage == "down":
+        first.stop()  # nothing listens: connections are refused, as when a collector restarts
     proc = subprocess.Popen([sys.executable, str(APP), "--tasks", "300", "--wait-stdin"],
-                            env=otlp_env(receiver.grpc_endpoint, "grpc", OTEL_GRAPH_MAX_TASK_SPANS="unlimited",
+                            env=otlp_env(endpoint, "grpc", OTEL_GRAPH_MAX_TASK_SPANS="unlimited",
                                          OTEL_METRIC_EXPORT_INTERVAL="200"),
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    receiver = first
     try:
         assert proc.stdout.readline().startswith("RESULT")
         assert proc.stdout.readline().startswith("LAST_COMPUTE_END")
         assert proc.stdout.readline().startswith("COMPUTED")
-        assert receiver.wait_for(lambda r: r.refused.get("traces", 0) >= 2, timeout_s=30)  # retried once already
-        receiver.fail = False
+        if outage == "refusing":
+            # Both exporters have retried: the channels they hold were refused, again and again.
+            assert first.wait_for(lambda r: r.refused.get("traces", 0) >= 2 and r.refused.get("metrics", 0) >= 4,
+                                  timeout_s=30)
+            first.fail = False
+        else:
+            time.sleep(3)  # the outage itself, long enough for the exporters' backoffs to grow
+            receiver = OtlpReceiver(grpc_port=int(endpoint.rsplit(":", 1)[1])).start()
         out, err = proc.communicate("go\n", timeout=60)
     finally:
         proc.kill()
-    assert proc.returncode == 0, err
-    names = [s["name"] for s in receiver.spans()]
-    assert names.count("inc") == 300 and names.count("dask.compute") == 1, err
-    assert max(p["count"] for p in metric_points(receiver, "dask.task.duration")
-               if p["attributes"]["dask.task.prefix"] == "inc") == 300
-    # Refused metric exports are counted (their totals arrived with the next one); no span is.
-    assert not [line for line in err.splitlines() if "not delivered" in line and "otel_graph: 0 spans" not in line]
+        first.stop()
+    try:
+        assert proc.returncode == 0, err
+        names = [s["name"] for s in receiver.spans()]
+        assert names.count("inc") == 300 and names.count("dask.compute") == 1, err
+        assert max((p["count"] for p in metric_points(receiver, "dask.task.duration")
+                    if p["attributes"]["dask.task.prefix"] == "inc"), default=0) == 300, err
+        # Refused metric exports are counted (their totals arrived with the next one); no span is.
+        assert not [line for line in err.splitlines() if "not delivered" in line and "otel_graph: 0 spans" not in line]
+    finally:
+        receiver.stop()
 
 
 def test_slow_collector_loses_nothing():
