@@ -10,7 +10,9 @@ One call at start-up::
 From then on every ``compute()``, ``persist()`` and ``dask.get`` on Dask's local
 schedulers (sync, threads, processes) produces one trace: a ``dask.compute`` root
 span, a child of your current span if you have one, and a span per task under it,
-named after the task's prefix and timed by when the task really ran. Task metrics
+named after the task's prefix and timed by when the task really ran; a compute still
+running after a second also gets ``dask.compute.progress`` spans, so its trace is in the
+collector long before its root span ends. Task metrics
 (``dask.task.duration``, ``dask.task.output.size``, ``dask.compute.duration``, results
 held in memory) and CPU, memory and GPU readings go out as OpenTelemetry metrics.
 
