@@ -385,7 +385,14 @@ def instrument_scheduler(*, tracer_provider: Any = None, meter_provider: Any = N
     return handle
 
 
+_EXITING = threading.Event()
+
+
 def _exit() -> None:
+    # Once: a worker's SIGTERM handler runs this too, maybe while the atexit hook already does.
+    if _EXITING.is_set():
+        return
+    _EXITING.set()
     worker = sys.modules.get("otel_graph.cluster.worker")
     if worker is not None:
         worker.close_at_exit()

@@ -148,7 +148,8 @@ class ReliableSpanProcessor(SpanProcessor):
         with self._cond:
             self._cond.wait_for(lambda: self._last_began >= asked or self._stopped
                                 or not (self._queue or self._inflight), timeout_s)
-            return self._last_began >= asked and self._last_ok
+            # A slow batch that went through while we waited, leaving nothing to try, counts.
+            return self._last_ok and (self._last_began >= asked or not (self._queue or self._inflight))
 
     def _hurry(self) -> None:
         # Exit is near: retry at once, never sleep out a backoff, ours or the exporter's.
@@ -240,8 +241,10 @@ class ReliableSpanProcessor(SpanProcessor):
         backoff = 0.0
         while True:
             with self._cond:
-                if backoff and not self._retry_now:
-                    self._cond.wait(backoff)
+                if backoff:
+                    # At exit a notify cuts a long backoff short, but retries still pace
+                    # themselves: a collector that refuses at once would make a busy loop.
+                    self._cond.wait(min(backoff, 0.1) if self._retry_now else backoff)
                 else:
                     deadline = time.monotonic() + self._delay
                     while not self._stopped and len(self._queue) < self._max_batch and not (

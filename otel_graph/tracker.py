@@ -179,7 +179,8 @@ class Tracker:
         record.end_ns = time.time_ns()
         with self._wake:
             self._requested += 1
-            if not record.in_backlog:
+            # An abandoned record is forgotten already: counted, it would never leave the backlog.
+            if not record.in_backlog and record in self._records:
                 record.in_backlog = True
                 self._backlog += 1
             self._wake.notify()
@@ -336,7 +337,11 @@ class Tracker:
             record.seen += count
             self._consume(record, plan, events)
         if record.end_ns is None:
-            self._progress(record)
+            try:
+                self._progress(record)
+            except Exception:  # a progress span refused must not end a compute still running
+                self.processing_errors += 1
+                logger.debug("otel_graph: failed to emit a progress span", exc_info=True)
             return
         settled = record.seen + record.lost >= record.submitted
         if settled or time.time_ns() - record.end_ns > STRAGGLER_WAIT_NS:

@@ -136,3 +136,25 @@ def test_progress_spans_thin_out_so_a_long_trace_stays_bounded(telemetry):
     assert len(progress) > 200  # it ran through two doublings at least
     for index, span in enumerate(progress[1:], start=1):
         assert span.end_time - span.start_time >= 10**6 << (index // 100), index
+
+
+class _RefusesProgress(SpanProcessor):
+    """An application's span processor that raises on progress spans."""
+
+    def on_end(self, span) -> None:
+        if span.name == "dask.compute.progress":
+            raise RuntimeError("no progress spans here")
+
+
+@pytest.mark.parametrize("telemetry", [{"drain_interval_s": 0.05, "progress_interval_s": 0.1}], indirect=True)
+def test_a_progress_span_refused_costs_only_that_span(telemetry):
+    import time
+
+    telemetry.tracer_provider.add_span_processor(_RefusesProgress())
+    graph = {("nap", i): (time.sleep, 0.3) for i in range(5)}
+    dask.get(graph, list(graph))
+    (root,) = telemetry.roots()
+    # The compute was not abandoned mid-run: its root carries the whole count, no error mark.
+    assert root.attributes["dask.graph.tasks"] == 5
+    assert "otel_graph.processing_error" not in root.attributes
+    assert len(telemetry.children(root)) == 5

@@ -153,15 +153,15 @@ class ClusterCapture:
             return
         if getattr(client, "asynchronous", False):
             try:
-                self._keep(asyncio.ensure_future(self.attach_async(client, claimed=True)))
+                self._keep(asyncio.ensure_future(self.attach_async(client, claimed=True, again=reconnecting)))
             except RuntimeError:  # no running loop in this thread: the next traced call retries
                 self._attached.discard(client)
             return
         if self._register:
             _bounded(lambda: self._join(client), CLUSTER_TIMEOUT_S, "registering otel_graph's plugins")
-        self._subscribe(client)
+        self._subscribe(client, again=reconnecting)
 
-    async def attach_async(self, client: Any, *, claimed: bool = False) -> None:
+    async def attach_async(self, client: Any, *, claimed: bool = False, again: bool = False) -> None:
         if not claimed and not self._claim(client):
             return
         if self._register:
@@ -169,7 +169,7 @@ class ClusterCapture:
                 await asyncio.wait_for(self._join_async(client), CLUSTER_TIMEOUT_S)
             except Exception as exc:
                 logger.warning("otel_graph: registering otel_graph's plugins failed: %s", type(exc).__name__)
-        self._subscribe(client)
+        self._subscribe(client, again=again)
 
     def _keep(self, task: Any) -> None:
         self._pending.add(task)
@@ -204,10 +204,6 @@ class ClusterCapture:
                 self._scheduler_ids[client] = current
                 return
             self._attached.discard(client)
-        try:
-            client.unsubscribe_topic(TOPIC)  # so that subscribing again replaces it quietly
-        except Exception:
-            logger.debug("otel_graph: unsubscribe failed", exc_info=True)
         self.attach(client, reconnecting=True)
 
     def _plugins(self) -> tuple[Any, Any]:
@@ -253,8 +249,15 @@ class ClusterCapture:
     async def _leave_async(self, client: Any) -> None:
         await client.run_on_scheduler(leave_cluster, client_id=client.id)
 
-    def _subscribe(self, client: Any) -> None:
+    def _subscribe(self, client: Any, *, again: bool = False) -> None:
         handler = functools.partial(self._on_event, str(client.id), adapter.scheduler_address(client))
+        if again:
+            # By whoever claimed the re-attach, just before subscribing: done by the thread
+            # that noticed the new scheduler, it could land after another's new subscription.
+            try:
+                client.unsubscribe_topic(TOPIC)  # so that subscribing again replaces it quietly
+            except Exception:
+                logger.debug("otel_graph: unsubscribe failed", exc_info=True)
         try:
             client.subscribe_topic(TOPIC, handler)
         except Exception:

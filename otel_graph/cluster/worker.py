@@ -374,7 +374,10 @@ def _deliver_on_sigterm() -> None:
     rerun. Only the default action is replaced: a handler of the application's (or of
     ``dask worker --no-nanny``, which closes the worker gracefully) is left alone. The
     process still ends by SIGTERM, so a nanny watching it sees what it saw before, at
-    most :func:`sigterm_delivery_s` later.
+    most :func:`sigterm_delivery_s` later once the handler runs. The cost: Python runs a
+    handler only when the main thread can take the GIL, so a worker whose task holds it
+    in one long C call ends at SIGTERM when that call returns, not at once (a nanny's
+    SIGKILL still ends it at once).
     """
     global _SIGTERM_PID
     import signal
@@ -390,6 +393,19 @@ def _deliver_on_sigterm() -> None:
     except (ValueError, OSError):  # no signals here (an embedded interpreter): only the signal is lost
         return
     _SIGTERM_PID = os.getpid()
+    # A child forked from here (a task's own multiprocessing pool) has none of the threads
+    # delivery needs, and a Python handler waits for the GIL: give it the default back.
+    os.register_at_fork(after_in_child=_default_sigterm_in_child)
+
+
+def _default_sigterm_in_child() -> None:
+    import signal
+
+    try:
+        if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    except (ValueError, OSError):  # forked from a thread other than the main one: not ours to set
+        pass
 
 
 def sigterm_delivery_s() -> float:
