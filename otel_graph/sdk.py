@@ -92,7 +92,9 @@ def _metric_exporter(settings: Settings) -> Any:
     if otlp_protocol("metrics") == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
 
-        return OTLPMetricExporter()
+        from otel_graph.otlp_fast import GRPC_CHANNEL_OPTIONS
+
+        return OTLPMetricExporter(channel_options=GRPC_CHANNEL_OPTIONS)
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetricExporter
 
     from otel_graph.http_session import certificate_session
