@@ -283,6 +283,10 @@ class Instrumentation:
     def _at_exit(self) -> None:
         timeout = self.settings.exit_timeout_s
         started = time.monotonic()
+
+        def left() -> float:
+            return max(0.1, timeout - (time.monotonic() - started))
+
         self._capture.uninstall()
         if self._cluster is not None:
             self._cluster.uninstall(detach=False)  # the cluster may be gone; workers flush themselves
@@ -293,11 +297,10 @@ class Instrumentation:
         healthy = processor is None or processor.healthy
         if not healthy:  # it may be back: ask it once, now, rather than trust the last failure
             healthy = processor.probe(timeout_s=min(0.5, timeout / 2))
-        unbuilt = self._tracker.stop(max(0.1, timeout - (time.monotonic() - started)), drain=healthy)
+        unbuilt = self._tracker.stop(left(), drain=healthy)
         if owned is not None:
             # Readings stay on until the final collection, so short scripts report them too.
-            left = max(0.1, timeout - (time.monotonic() - started))
-            _report_undelivered(owned, left, unbuilt)
+            _report_undelivered(owned, left(), unbuilt)
         self._instruments.readings.stop()
 
 

@@ -112,7 +112,7 @@ class ReliableSpanProcessor(SpanProcessor):
                 self.undelivered += 1
                 return
             self._queue.append(span)
-            self._weight += _weight(span) if span.events else 1
+            self._weight += _weight(span)
             if len(self._queue) % self._max_batch == 0:
                 self._cond.notify()
             full = self._weight > self._max_queued

@@ -13,10 +13,10 @@ list and nothing more. This module owns everything after that:
   long job's spans reach the collector while it runs;
 * a compute still running gets ``dask.compute.progress`` spans, children of its root:
   the first once it has run :data:`FIRST_PROGRESS_NS`, covering its run so far, then one
-  per ``progress_interval_s``, doubling every :data:`PROGRESS_SPANS_PER_STEP`. A root span is only exported when it ends, so without
-  them a 10-hour job's trace has no span of its own, only task spans, until the end;
-  with them Jaeger finds the running compute by the ``dask.compute.progress`` operation
-  and shows how far it got. (The idea of Logfire's "pending spans".)
+  per ``progress_interval_s``, doubling every :data:`PROGRESS_SPANS_PER_STEP`. A root
+  span is only exported when it ends, so without them a 10-hour job's trace has no span
+  of its own, only task spans, until the end; with them Jaeger finds the running compute
+  by the ``dask.compute.progress`` operation and shows how far it got. (The idea of Logfire's "pending spans".)
 * :meth:`Tracker.flush` asks for a drain now and waits for it.
 
 Building spans and metric points here, in bulk and off the scheduler's thread, is what
@@ -66,7 +66,8 @@ class ComputeRecord:
 
     __slots__ = ("scheduler", "span", "context", "start_ns", "end_ns", "error", "sink", "submitted",
                  "lost", "seen", "graph", "state", "plan", "sampled", "graph_tasks", "cluster",
-                 "cluster_events", "task_span_ids", "caller", "parents", "assign_ids", "in_backlog", "progress_ns", "progress_spans")
+                 "cluster_events", "task_span_ids", "caller", "parents", "assign_ids", "in_backlog",
+                 "progress_ns", "progress_spans")
 
     def __init__(self, scheduler: str, span: trace.Span, start_ns: int, *, assign_ids: bool = False) -> None:
         self.scheduler = scheduler
@@ -273,15 +274,12 @@ class Tracker:
         return 0
 
     def _release(self) -> None:
-        # Free records (and the graphs and results they hold) now, inside the exit hook and
-        # its time budget: left to the interpreter's teardown, freeing 10^5 of them
-        # stretched an exit past 2 s with the collector down (benchmarks/bench_faults.py).
-        with self._lock:
-            records = list(self._records)
-            self._records.clear()
-        for record in records:
+        # Free records (their task records, graphs and results) now, inside the exit hook and
+        # its time budget: left to the interpreter's teardown, freeing a compute's 10^5 task
+        # records stretched an exit past 2 s with the collector down (bench_faults.py).
+        for record in list(self._records):
             record.sink = []
-            record.graph = record.state = record.error = None
+            self._forget(record)
 
     def unprocessed(self) -> int:
         """Task records not yet turned into spans, plus the root spans of computes still open."""
