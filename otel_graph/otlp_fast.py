@@ -27,6 +27,10 @@ fast. ``fast_span_exporter(exporter)`` does the same to one you built.
 Give each directly built ``ReadableSpan`` a shared ``resource=``: without one, each
 gets its own ``Resource.create({})``, which is slow to create and to group.
 
+A processor that holds many spans calls ``encode_chunks(spans, max_bytes=...)``
+first: it encodes each span once and cuts the list into chunks whose requests
+stay under the collector's size limit; exporting a chunk reuses its encoding.
+
 Semantics
 ---------
 The request equals stock's, message for message (``tests/test_otlp_fast.py``),
@@ -56,7 +60,8 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.semconv.attributes.http_attributes import HTTP_RESPONSE_STATUS_CODE
 from opentelemetry.trace import Link, SpanKind, StatusCode
 
-__all__ = ["encode_spans_fast", "fast_span_exporter", "otlp_span_exporter"]
+__all__ = ["EncodedSpans", "encode_chunks", "encode_spans_fast", "fast_span_exporter", "otlp_span_exporter",
+           "takes_encoded_chunks"]
 
 _logger = logging.getLogger(__name__)
 
@@ -299,26 +304,80 @@ def _scope_head(scope: Any, memo: _Memo) -> bytes:
     return head + (_field(_SS_SCHEMA_URL, _utf8(scope.schema_url)) if scope.schema_url else b"")
 
 
+class EncodedSpans(list):  # type: ignore[type-arg]
+    """Spans, and in ``parts`` each one's encoding: what :func:`encode_chunks` returns.
+
+    The fast exporters send the parts instead of encoding the spans again.
+    """
+
+    __slots__ = ("parts",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parts: list[bytes] = []
+
+
+def encode_chunks(spans: Sequence[ReadableSpan], *, max_bytes: int) -> list[list[ReadableSpan]]:
+    """``spans`` in order, as chunks whose requests stay under about ``max_bytes``.
+
+    Each chunk is an :class:`EncodedSpans`, except that a span that cannot be encoded
+    is a plain list of its own, for the exporter to raise on. A span larger than
+    ``max_bytes`` is alone in its chunk. A request adds its resources and scopes
+    (once per chunk) to the sum of its spans' parts.
+    """
+    memo = _Memo()
+    chunks: list[list[ReadableSpan]] = []
+    current, size = EncodedSpans(), 0
+    for span in spans:
+        try:
+            part = _span(span, memo)
+        except Exception:  # noqa: BLE001 - the exporter raises on it again, and the processor drops it alone
+            if current:
+                chunks.append(current)
+                current, size = EncodedSpans(), 0
+            chunks.append([span])
+            continue
+        if current and size + len(part) > max_bytes:
+            chunks.append(current)
+            current, size = EncodedSpans(), 0
+        current.append(span)
+        current.parts.append(part)
+        size += len(part)
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def takes_encoded_chunks(exporter: SpanExporter) -> bool:
+    """Whether ``exporter`` is one :func:`fast_span_exporter` made, which reuses :func:`encode_chunks`' parts."""
+    return isinstance(exporter, _FastHttpSpanExporter) or (
+        getattr(exporter, "__dict__", {}).get("_translate_data") is encode_spans_fast)
+
+
 def _encode_request(spans: Sequence[ReadableSpan]) -> bytes:
     """``spans`` as a serialized ``ExportTraceServiceRequest``."""
     # Group as stock does, by resource then scope, with their == and first-seen order.
     # Consecutive spans usually share both objects; the identity test skips hashing
     # a Resource (which dumps its attributes to JSON) for each of them.
-    groups: dict[Any, dict[Any, list[ReadableSpan]]] = {}
+    groups: dict[Any, dict[Any, list[int]]] = {}
     last: tuple[Any, Any] = (object(), object())
-    bucket: list[ReadableSpan] = []
-    for span in spans:
+    bucket: list[int] = []
+    for index, span in enumerate(spans):
         resource, scope = span.resource, span.instrumentation_scope or None
         if resource is not last[0] or scope is not last[1]:
             bucket = groups.setdefault(resource, {}).setdefault(scope, [])
             last = (resource, scope)
-        bucket.append(span)
+        bucket.append(index)
+    parts = spans.parts if isinstance(spans, EncodedSpans) else None
     memo = _Memo()
     out = []
     for resource, scopes in groups.items():
         body = [_field(_RS_RESOURCE, _attributes(_RESOURCE_ATTRIBUTES, resource.attributes, memo))]
         for scope, members in scopes.items():
-            encoded = b"".join([_span(span, memo) for span in members])
+            if parts is not None:
+                encoded = b"".join([parts[index] for index in members])
+            else:
+                encoded = b"".join([_span(spans[index], memo) for index in members])
             body.append(_field(_RS_SCOPE_SPANS, _scope_head(scope, memo) + encoded))
         if resource.schema_url:
             body.append(_field(_RS_SCHEMA_URL, _utf8(resource.schema_url)))

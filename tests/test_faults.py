@@ -145,3 +145,42 @@ def test_exit_builds_spans_when_a_slow_batch_went_through_while_it_asked():
     assert not processor.healthy
     assert processor.probe(timeout_s=1.0)
     assert processor.exported == 1
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_a_backed_up_queue_goes_out_in_large_requests_under_the_size_limit(protocol, monkeypatch):
+    # Behind a busy main thread each request costs the export thread a fixed wait for the
+    # GIL, so a backlog goes out in batches of up to CATCH_UP_BATCH spans; requests are cut
+    # by their encoded size, so spans of long keys with 32 dependencies each (~16 kB, one
+    # default batch of 512 of them would be 8 MB) pass the collector's 4 MB limit.
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from otel_graph.otlp_fast import otlp_span_exporter
+    from otel_graph.pipeline import MAX_REQUEST_BYTES, ReliableSpanProcessor
+
+    with OtlpReceiver(hang=True) as receiver:  # the first request waits until every span is queued
+        if protocol == "grpc":
+            monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", receiver.grpc_endpoint)
+            monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_INSECURE", "true")
+        else:
+            monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"{receiver.http_endpoint}/v1/traces")
+        processor = ReliableSpanProcessor(otlp_span_exporter(protocol=protocol), max_queued=100_000)
+        provider = TracerProvider()
+        provider.add_span_processor(processor)
+        tracer = provider.get_tracer("otel_graph")
+        dependencies = [f"{'k' * 480}-{i}" for i in range(32)]
+        for _ in range(600):
+            tracer.start_span("wide", attributes={"dask.task.dependencies": dependencies}).end()
+        for i in range(6000):
+            tracer.start_span("small", attributes={"dask.task.key": f"inc-{i}"}).end()
+        assert receiver.wait_for(lambda r: r.requests_pending >= 1, timeout_s=10)
+        receiver.hang = False
+        try:
+            assert processor.force_flush(60_000)
+        finally:
+            processor.shutdown()
+        requests = [r.request for r in receiver.requests("traces")]
+        counts = [sum(len(scope.spans) for rs in r.resource_spans for scope in rs.scope_spans) for r in requests]
+        assert sum(counts) == 6600 and processor.undelivered == 0 and processor.failed_attempts == 0
+        assert max(r.ByteSize() for r in requests) <= MAX_REQUEST_BYTES + 1_000
+        assert max(counts) > 512, counts  # the backlog left in catch-up batches

@@ -38,7 +38,15 @@ from opentelemetry.trace import (
     set_span_in_context,
 )
 
-from otel_graph.otlp_fast import _encode_request, encode_spans_fast, fast_span_exporter, otlp_span_exporter
+from otel_graph.otlp_fast import (
+    EncodedSpans,
+    _encode_request,
+    encode_chunks,
+    encode_spans_fast,
+    fast_span_exporter,
+    otlp_span_exporter,
+    takes_encoded_chunks,
+)
 from otlp_receiver import OtlpReceiver
 
 SCHEMA = "https://opentelemetry.io/schemas/1.26.0"
@@ -137,6 +145,21 @@ def sdk_spans() -> Iterator[list[ReadableSpan]]:
     yield spans[::2] + spans[1::2]
     for provider in (main, other, twin, limited):
         provider.shutdown()
+
+
+def test_chunks_encode_as_stock_and_stay_under_their_size(sdk_spans: list[ReadableSpan]) -> None:
+    spans = sdk_spans * 20
+    chunks = encode_chunks(spans, max_bytes=2_000)
+    assert len(chunks) > 3 and [s for chunk in chunks for s in chunk] == spans
+    for chunk in chunks:
+        assert isinstance(chunk, EncodedSpans)
+        assert_encodes_as_stock(chunk)  # from the chunk's parts, not the spans
+        # A request adds its resources and scopes to the parts: a few hundred bytes here.
+        assert len(_encode_request(chunk)) <= 2_000 + 600 or len(chunk) == 1
+    bad = ReadableSpan(name="bad \udcff", context=_context(1, 2), resource=RESOURCE)
+    (before, alone, after) = encode_chunks([spans[0], bad, spans[1]], max_bytes=10**6)
+    assert alone == [bad] and not isinstance(alone, EncodedSpans)  # for the exporter to raise on
+    assert before == [spans[0]] and after == [spans[1]]
 
 
 def test_sdk_spans_encode_as_stock(sdk_spans: list[ReadableSpan]) -> None:
@@ -290,6 +313,7 @@ def test_fast_exporters_deliver(protocol: str, monkeypatch: pytest.MonkeyPatch) 
             monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"{receiver.http_endpoint}/v1/traces")
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "x-tenant=dask")
         exporter = otlp_span_exporter(protocol=protocol)
+        assert takes_encoded_chunks(exporter)
         try:
             assert exporter.export(spans) is SpanExportResult.SUCCESS
         finally:
@@ -332,7 +356,7 @@ def test_http_exporter_keeps_max_request_size(caplog: pytest.LogCaptureFixture) 
 
 def test_other_exporters_are_returned_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
     memory = InMemorySpanExporter()
-    assert fast_span_exporter(memory) is memory
+    assert fast_span_exporter(memory) is memory and not takes_encoded_chunks(memory)
 
     class Custom(http_trace_exporter.OTLPSpanExporter):
         pass
