@@ -314,6 +314,9 @@ class Tracker:
                         self._abandon(record)
                     except Exception:
                         logger.debug("otel_graph: failed to close a compute's span", exc_info=True)
+            # Not held while waiting for more work: a drain can cover hundreds of finished
+            # computes, their root spans and plans (found by tests/test_scale.py's object count).
+            records.clear()
             with self._wake:
                 self._completed = target
                 self._wake.notify_all()

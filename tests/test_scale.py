@@ -28,8 +28,17 @@ def test_a_loop_of_tiny_computes_stays_bounded_and_loses_nothing(scheduler):
                               env=env, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
         samples = [line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("SAMPLE")]
-        (early, late) = [[int(v) for v in sample] for sample in samples]
-        assert late[1] - early[1] < 20 * 2**20, f"RSS grew {(late[1] - early[1]) >> 20} MB"
+        assert [sample[-1] for sample in samples] == ["True", "True"], "each sample waited for the export queue"
+        (early, late) = [[int(v) for v in sample[:-1]] for sample in samples]
+        # Between the samples 5,400 computes ran. Counted, gc-tracked objects stay level
+        # (measured: -22): one leaked per compute would show. RSS is coarser: samples are
+        # taken with the export queue drained, but the allocator keeps its high-water mark,
+        # and a tight loop outruns the export thread (both want the GIL), so the queue peaks
+        # at thousands of spans of 2.5 kB (measured: RSS 8-15 MB up after peaks of
+        # 3,200-8,600 spans; 5 MB with the queue kept short).
+        assert abs(late[5] - early[5]) < 500, f"{late[5] - early[5]} more gc-tracked objects"
+        grew = (late[1] - early[1]) >> 20
+        assert grew < 32, f"RSS grew {grew} MB; at most {late[4]} spans were queued for export"
         assert late[2] == early[2], "threads stay as they were"
         assert max(early[3], late[3]) <= 300, "the tracker keeps up: ended computes wait in a bounded backlog"
         assert "FLUSHED True" in proc.stdout
