@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 from dask.utils import key_split
 
-# Uncached: dask's cache (100,000 keys) is filled by one-off keys and evicts dask's own.
+# Uncached, for keys that run once: see task_prefix.
 _split = getattr(key_split, "__wrapped__", key_split)
 
 #: Longest key string kept; longer keys are cut and marked, so a pathological key
@@ -120,13 +120,15 @@ def task_prefix(key: Any) -> str:
     >>> task_prefix(b"\\xff-raw")
     'Other'
     """
-    # dask's key_split caches by the whole key, and most keys run once: a miss costs twice
-    # an uncached split (0.5 us against 0.24 us for 'a-<uuid>'), and 10^5 one-off keys held
-    # in its cache hold ~18 MB that a loop of small computes grows by (tests/test_scale.py).
+    # dask's key_split caches by the whole key. A collection's tuple keys share their name,
+    # which hits the cache (0.05 us); a string key mostly runs once (delayed's 'inc-<uuid>'),
+    # and a miss costs twice an uncached split (0.53 against 0.24 us), and 10^5 one-off keys
+    # held in the cache are ~18 MB a loop of small computes grows by (tests/test_scale.py).
+    split = _split
     while type(key) is tuple and key:
-        key = key[0]
+        key, split = key[0], key_split
     try:
-        prefix = _split(key)
+        prefix = split(key)
     except Exception:
         return "Other"
     # Called per task in the tracker: the common short ASCII prefix skips _cut's calls.
