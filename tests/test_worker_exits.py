@@ -39,6 +39,7 @@ from pathlib import Path
 from types import TracebackType
 
 import pytest
+from conftest import subprocess_env
 from otlp_receiver import OtlpReceiver
 from test_distributed import _wait_for_address, _without_otel, env_for, trace_of
 
@@ -399,3 +400,38 @@ def test_an_unpicklable_result_on_distributed(receiver, tmp_path):
     assert made["status_code"] != ERROR
     (lock_span,) = task_spans(receiver.spans(), made)
     assert lock_span["attributes"]["dask.worker.id"] == workers[0]
+
+
+FORKED_CHILD = r"""
+import os, signal
+from otel_graph.cluster import worker
+
+worker._deliver_on_sigterm()  # as in a worker process of its own
+assert signal.getsignal(signal.SIGTERM) is worker._on_sigterm
+ready, tell = os.pipe()
+never, _ = os.pipe()
+pid = os.fork()
+if pid == 0:  # a task's own multiprocessing pool, say
+    os.write(tell, b"x")
+    os.read(never, 1)
+    os._exit(0)
+os.read(ready, 1)
+with open(f"/proc/{pid}/status") as status:
+    caught = [int(line.split()[1], 16) for line in status if line.startswith("SigCgt:")][0]
+print("CAUGHT", bool(caught >> (signal.SIGTERM - 1) & 1), flush=True)
+os.kill(pid, signal.SIGTERM)
+_, how = os.waitpid(pid, 0)
+print("ENDED", os.WTERMSIG(how) if os.WIFSIGNALED(how) else None, flush=True)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
+def test_a_child_forked_from_a_worker_gets_the_default_sigterm_back():
+    # The worker's SIGTERM handler is Python, which runs only when the main thread gets
+    # the GIL, and the child has none of the threads delivery needs: the kernel's default
+    # action, seen in the child's caught-signals mask, ends it as it would without us.
+    proc = subprocess.run([sys.executable, "-c", FORKED_CHILD], capture_output=True, text=True, timeout=60,
+                          env=subprocess_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "CAUGHT False" in proc.stdout, "the child kept the worker's handler"
+    assert f"ENDED {int(signal.SIGTERM)}" in proc.stdout
