@@ -83,7 +83,7 @@ class ComputeRecord:
         self.start_ns = start_ns
         self.end_ns: int | None = None
         self.error: BaseException | None = None
-        self.sink: list[TaskEvent] = []
+        self.sink: list[tuple[Any, ...]] = []  # TaskEvent's fields: see local._execute
         self.submitted = 0
         self.lost = 0
         self.seen = 0
@@ -333,7 +333,7 @@ class Tracker:
         sink = record.sink
         count = len(sink)
         if count:
-            events = sink[:count]
+            events = list(map(TaskEvent._make, sink[:count]))  # plain tuples until now: see local._execute
             del sink[:count]  # appends may land meanwhile; they stay at the end
             record.seen += count
             self._consume(record, plan, events)
