@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 import weakref
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -263,8 +264,9 @@ class Instrumentation:
         current["tasks_aggregated"] = self._tracker.tasks_aggregated
         if workers:
             cluster, answered = self._cluster.worker_stats(timeout_s) if self._cluster is not None else ({}, 0)
-            for name, value in cluster.items():
-                current[name] = current.get(name, 0) + value
+            summed = Counter(current)
+            summed.update(cluster)  # adds, and keeps zeros (Counter's + would drop them)
+            current = dict(summed)
             current["worker_processes"] = answered
         return current
 

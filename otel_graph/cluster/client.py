@@ -41,6 +41,7 @@ import logging
 import os
 import threading
 import weakref
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import CancelledError
 from typing import Any
@@ -280,7 +281,6 @@ class ClusterCapture:
         """The delivery counters of the attached clusters' worker processes, summed; and how many answered."""
         from otel_graph.cluster.worker import worker_delivery
 
-        totals: dict[str, int] = {}
         by_pid: dict[tuple[str, int], dict[str, int]] = {}
         aggregated = 0
         for client in list(self._attached):
@@ -295,11 +295,11 @@ class ClusterCapture:
                 aggregated += counters.pop("tasks_aggregated", 0)
                 # Workers sharing a process share its exporter: count that process once.
                 by_pid[(address.rsplit(":", 1)[0], pid)] = counters
+        totals: Counter[str] = Counter()
         for counters in by_pid.values():
-            for name, value in counters.items():
-                totals[name] = totals.get(name, 0) + value
+            totals.update(counters)  # adds
         totals["tasks_aggregated"] = aggregated
-        return totals, len(by_pid)
+        return dict(totals), len(by_pid)
 
     def _on_event(self, client_id: str, cluster: str, event: Any) -> None:
         try:
