@@ -100,7 +100,7 @@ def render(loaded: Loaded, out: TextIO, *, top: int = 10) -> None:
              "-" if r.gpu_utilization is None else f"{100 * r.gpu_utilization:.0f}%",
              "-" if r.gpu_memory_bytes is None else _bytes(r.gpu_memory_bytes), str(r.errors)] for r in rows])
 
-    out.write(f"\nSlowest tasks\n")
+    out.write("\nSlowest tasks\n")
     _table(out, ["key", "prefix", "worker", "duration", "output"],
            [[str(s.attributes.get("dask.task.key", "")), str(s.attributes.get("dask.task.prefix", s.name)),
              str(s.attributes.get("dask.worker.id", "")), _seconds(s.duration_ns / 1e9),

@@ -9,7 +9,6 @@ worker process exports its own task spans, task metrics and readings.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
