@@ -59,6 +59,8 @@ FIRST_PROGRESS_NS = 10**9
 #: as many more: a trace's span count stays bounded (a 24-hour job at 30 s: 500, not 2,880).
 PROGRESS_SPANS_PER_STEP = 100
 PROGRESS_SPAN = "dask.compute.progress"
+#: Task events turned into TaskEvents and consumed at a time (see _drain).
+EVENT_SLICE = 2048
 
 
 class ComputeRecord:
@@ -333,10 +335,14 @@ class Tracker:
         sink = record.sink
         count = len(sink)
         if count:
-            events = list(map(TaskEvent._make, sink[:count]))  # plain tuples until now: see local._execute
+            taken = sink[:count]
             del sink[:count]  # appends may land meanwhile; they stay at the end
             record.seen += count
-            self._consume(record, plan, events)
+            # Plain tuples until now (see local._execute). Made TaskEvents a slice at a time,
+            # so that those not kept die young: 10^5 at once outlived two collections, and
+            # their promotion set off a full one (~0.1 s) on the tracker's drain.
+            for start in range(0, count, EVENT_SLICE):
+                self._consume(record, plan, list(map(TaskEvent._make, taken[start:start + EVENT_SLICE])))
         if record.end_ns is None:
             try:
                 self._progress(record)
