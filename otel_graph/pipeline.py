@@ -302,7 +302,7 @@ class ReliableSpanProcessor(SpanProcessor):
                         self._weight += sum(_weight(span) for span in retry)
                         full = self._weight > self._max_queued
                         backoff = min(max(backoff * 2, 0.25), MAX_BACKOFF_S)
-                        self._batch_limit = max(1, sent // 2)
+                        self._batch_limit = max(1, min(sent, self._max_batch) // 2)  # a catch-up batch too
                     else:
                         backoff = 0.0
                         self._batch_limit = min(self._max_batch, self._batch_limit * 2)
