@@ -184,3 +184,29 @@ def test_a_backed_up_queue_goes_out_in_large_requests_under_the_size_limit(proto
         assert sum(counts) == 6600 and processor.undelivered == 0 and processor.failed_attempts == 0
         assert max(r.ByteSize() for r in requests) <= MAX_REQUEST_BYTES + 1_000
         assert max(counts) > 512, counts  # the backlog left in catch-up batches
+
+
+
+def test_no_metric_export_after_exit_gave_up_changes_the_counters():
+    # bench_faults, hung collector: the SDK reader's final collection waited behind the
+    # export that hung and ran after the warning, which then said 33 points where the
+    # counters said 49. Exit's count is final: an export after it is neither sent nor counted.
+    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricExportResult
+
+    from otel_graph.pipeline import CountingMetricExporter
+
+    reader = InMemoryMetricReader()
+    MeterProvider(metric_readers=[reader]).get_meter("t").create_counter("dask.task.count").add(1)
+    data = reader.get_metrics_data()
+    with OtlpReceiver() as receiver:
+        counting = CountingMetricExporter(OTLPMetricExporter(endpoint=receiver.grpc_endpoint, insecure=True))
+        try:
+            assert counting.export(data) == MetricExportResult.SUCCESS
+            counting.give_up()
+            assert counting.export(data) == MetricExportResult.FAILURE
+        finally:
+            counting.shutdown()
+        assert (counting.exported, counting.undelivered) == (1, 0)
+        assert len(receiver.requests("metrics")) == 1
