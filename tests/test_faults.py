@@ -210,3 +210,37 @@ def test_no_metric_export_after_exit_gave_up_changes_the_counters():
             counting.shutdown()
         assert (counting.exported, counting.undelivered) == (1, 0)
         assert len(receiver.requests("metrics")) == 1
+
+
+def test_a_request_refused_midway_through_a_batch_is_retried_with_the_rest_and_none_twice(monkeypatch):
+    # A batch goes out as several requests; one refused is retried with those after it,
+    # and the ones before it, delivered, are not sent again.
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SpanExportResult
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from otel_graph import pipeline
+
+    class RefusesTheSecond(InMemorySpanExporter):
+        calls = 0
+
+        def export(self, spans):
+            self.calls += 1
+            return SpanExportResult.FAILURE if self.calls == 2 else super().export(spans)
+
+    monkeypatch.setattr(pipeline, "_takes_encoded_chunks", lambda exporter: True)
+    monkeypatch.setattr(pipeline, "MAX_REQUEST_BYTES", 20_000)  # ~60 of these spans a request
+    exporter = RefusesTheSecond()
+    processor = pipeline.ReliableSpanProcessor(exporter, max_queued=10_000, schedule_delay_s=5.0)
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    tracer = provider.get_tracer("otel_graph")
+    for i in range(300):
+        tracer.start_span(f"s{i}", attributes={"dask.task.key": "k" * 200}).end()
+    try:
+        assert processor.force_flush(30_000)
+    finally:
+        processor.shutdown()
+    names = [span.name for span in exporter.get_finished_spans()]
+    assert sorted(names) == sorted(f"s{i}" for i in range(300))  # every span, once
+    assert exporter.calls >= 6 and processor.failed_attempts == 1 and processor.undelivered == 0
