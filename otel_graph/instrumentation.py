@@ -390,14 +390,15 @@ def instrument_scheduler(*, tracer_provider: Any = None, meter_provider: Any = N
     return handle
 
 
-_EXITING = threading.Event()
+#: Taken by the first exit, never released.
+_EXITING = threading.Lock()
 
 
 def _exit() -> None:
-    # Once: a worker's SIGTERM handler runs this too, maybe while the atexit hook already does.
-    if _EXITING.is_set():
+    # Once: a worker's SIGTERM handler runs this too, maybe while the atexit hook already
+    # does. Test and set in one step: a signal can land between a separate test and set.
+    if not _EXITING.acquire(blocking=False):
         return
-    _EXITING.set()
     worker = sys.modules.get("otel_graph.cluster.worker")
     if worker is not None:
         worker.close_at_exit()
