@@ -78,8 +78,11 @@ class SpanPlan:
         emit: Callable[[TaskEvent, str], None],
         emit_aggregate: Callable[[Aggregate], None],
         keep: Container[Any] = (),
+        hold: Callable[[TaskEvent], TaskEvent] | None = None,
     ) -> None:
         self._emit = emit
+        #: Makes an event kept for later (a slow candidate) lighter: drop what only its span needs.
+        self._hold = hold
         self._emit_aggregate = emit_aggregate
         #: Keys whose task must get its span (spans were started inside it), read live.
         self._keep = keep
@@ -108,11 +111,11 @@ class SpanPlan:
                 duration = ev.end_ns - ev.start_ns
                 if len(slowest) < capacity:
                     self._seq += 1
-                    heapq.heappush(slowest, (duration, self._seq, ev, prefix))
+                    heapq.heappush(slowest, (duration, self._seq, self._held(ev), prefix))
                     continue
-                if duration > slowest[0][0]:
+                if duration > slowest[0][0]:  # so ev stays, and the fastest kept one is folded
                     self._seq += 1
-                    _, _, ev, prefix = heapq.heappushpop(slowest, (duration, self._seq, ev, prefix))
+                    _, _, ev, prefix = heapq.heappushpop(slowest, (duration, self._seq, self._held(ev), prefix))
             group = folded.get(prefix)
             if group is None:
                 group = folded[prefix] = []
@@ -133,6 +136,9 @@ class SpanPlan:
         for aggregate in self._aggregates.values():
             self._emit_aggregate(aggregate)
         self._aggregates.clear()
+
+    def _held(self, ev: TaskEvent) -> TaskEvent:
+        return ev if self._hold is None else self._hold(ev)
 
     def _span(self, ev: TaskEvent, prefix: str) -> None:
         self.task_spans += 1

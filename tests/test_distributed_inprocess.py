@@ -7,8 +7,10 @@ uninstrumenting, concurrency, cancellation and nested computes.
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
+import weakref
 
 import dask
 import pytest
@@ -222,3 +224,55 @@ def test_a_running_distributed_compute_has_progress_spans_before_its_root(client
     assert {s.parent.span_id for s in progress} == {root.context.span_id}
     assert progress[0].attributes["dask.graph.tasks"] == 5
     assert progress[0].start_time == root.start_time
+
+
+class Payload:
+    """Graph data embedded in a task; every copy (pickled or not) is tracked while alive."""
+
+    alive: weakref.WeakSet = weakref.WeakSet()
+
+    def __init__(self) -> None:
+        self.data = bytes(1 << 20)  # state, so that unpickling calls __setstate__
+        Payload.alive.add(self)
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        Payload.alive.add(self)
+
+
+def touch(payload: Payload, delay_s: float) -> int:
+    time.sleep(delay_s)
+    return 1
+
+
+@pytest.mark.parametrize("telemetry", [{"max_task_spans": 8}], indirect=True)
+def test_a_slow_task_kept_for_its_span_lets_go_of_its_graph_data(telemetry):
+    # The worker streams the first 4 tasks to end there and keeps its 4 slowest for when
+    # the compute settles there (30 s after its last task, or a flush). The slow task is
+    # kept; what its graph node embedded must be freed with the result, not held until
+    # then. (distributed's own log of recent messages would hold it too: turned off.)
+    with dask.config.set({"distributed.admin.low-level-log-length": 0}), \
+            LocalCluster(n_workers=1, processes=False, dashboard_address=":0") as cluster, Client(cluster) as client:
+        graph = {f"inc-{i}": (inc, i) for i in range(12)}
+        graph["held"] = (touch, Payload(), 0.3)
+        keys = list(graph)
+        assert client.get(graph, keys)[-1] == 1
+        del graph  # the test's own reference
+        assert wait_until(lambda: gc.collect() >= 0 and not Payload.alive, timeout_s=10), \
+            f"{len(Payload.alive)} payloads alive while their task waits to be emitted"
+        (root,) = telemetry.roots()  # flushes: the kept task is emitted now
+        (held,) = [s for s in tasks_of(telemetry, root) if s.attributes.get("dask.task.key") == "held"]
+        assert held.attributes["code.function.name"] == "touch"
+
+
+def test_a_busy_worker_drains_before_its_interval_without_losing_a_task(telemetry, client, monkeypatch):
+    from otel_graph.cluster import worker
+
+    monkeypatch.setattr(worker, "_DRAIN_AT", 16)  # woken early many times in one compute
+    graph = {f"inc-{i}": (inc, i) for i in range(600)}
+    assert client.get(graph, list(graph)) == list(range(1, 601))
+    (root,) = telemetry.roots()
+    tasks = tasks_of(telemetry, root)
+    assert sum(s.attributes.get("dask.task.count", 1) for s in tasks) == root.attributes["dask.graph.tasks"] == 600
+    (duration,) = telemetry.points("dask.task.duration")
+    assert duration.count == 600

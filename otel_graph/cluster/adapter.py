@@ -44,10 +44,16 @@ class Phase(NamedTuple):
 
 
 class TaskRun(NamedTuple):
-    """What a worker knows about one finished run of a task, as plain values."""
+    """What a worker knows about one finished run of a task, as plain values.
 
+    One flat record per run (TaskEvent's fields first, so the span budget and the task
+    metrics take it as it is): a worker may hold thousands between two drains.
+    """
+
+    key: Any
     start_ns: int
     end_ns: int
+    worker: str  # the worker's address
     thread: int
     nbytes: int
     type_name: str
@@ -58,7 +64,9 @@ class TaskRun(NamedTuple):
     dependencies: tuple[Any, ...]
     dependency_count: int
     dependent_count: int
-    run_spec: Any
+    run_spec: Any  # None once `functions` has been read from it
+    functions: str | None = None
+    attempt: int = 1  # 1 + earlier failed runs of this key in its compute here; set by the worker
 
 
 def _ns(seconds: float) -> int:
@@ -71,7 +79,7 @@ def worker_identity(worker: Any) -> tuple[str, str]:
     return safe_text(str(getattr(worker, "address", "") or "")), "" if name is None else safe_text(str(name))
 
 
-def task_run(worker: Any, key: Any, *, annotation_name: str) -> TaskRun | None:
+def task_run(worker: Any, key: Any, *, annotation_name: str, address: str) -> TaskRun | None:
     """Read a task that just left ``executing``; None if the worker no longer has it."""
     ts = worker.state.tasks.get(key)
     if ts is None:
@@ -100,7 +108,7 @@ def task_run(worker: Any, key: Any, *, annotation_name: str) -> TaskRun | None:
     annotations = ts.annotations or {}
     dependencies = ts.dependencies
     return TaskRun(
-        start_ns=_ns(start), end_ns=_ns(end),
+        key=key, start_ns=_ns(start), end_ns=_ns(end), worker=address,
         thread=int(worker.state.threads.get(key, 0) or 0),
         nbytes=int(ts.nbytes) if ts.nbytes is not None else -1,
         type_name=_type_name(ts.type),

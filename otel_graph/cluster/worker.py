@@ -6,7 +6,9 @@ worker's event loop, so it only copies what the worker recorded about a finished
 (:func:`otel_graph.cluster.adapter.task_run`: plain values, a few microseconds). A
 background thread, :class:`WorkerTelemetry`, turns those records into spans and metric
 points every ``OTEL_GRAPH_DRAIN_INTERVAL`` (at most 1 s here, so a worker killed with
-SIGKILL loses at most about one interval), and exports them with the worker's own SDK.
+SIGKILL loses at most about one interval), or sooner once :data:`_DRAIN_AT` runs wait
+(what a busy worker holds between drains stays small), and exports them with the
+worker's own SDK.
 
 Spans
 -----
@@ -16,8 +18,8 @@ the core task attributes, with ``dask.worker.id`` the worker's address, plus
 ``dask.worker.name``. ``transfer`` (inputs gathered from other workers, with
 ``dask.transfer.source`` and ``dask.transfer.bytes``), ``disk-read`` and ``disk-write``
 (spilling, where distributed timed it above 5 ms) become child spans. A task that allows retries carries
-``dask.task.retries``; a key run more than once in one compute on this worker
-carries ``dask.task.attempt``.
+``dask.task.retries``; a run of a key that failed on this worker earlier in the same
+compute (a retry landing here) carries ``dask.task.attempt``.
 
 Spilling is also counted in full, from the worker's own totals, as
 ``dask.worker.spill.io`` (By), ``.operations`` and ``.time`` (s), by
@@ -41,7 +43,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from typing import Any, NamedTuple
+from typing import Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
 from opentelemetry import trace
@@ -50,7 +52,7 @@ from opentelemetry.metrics import Observation
 from otel_graph.cluster import adapter
 from otel_graph.cluster.propagation import ANNOTATION, budget_of, parent_span, seal_env, unseal_env
 from otel_graph.config import exit_timeout
-from otel_graph.events import ErrorInfo, task_prefix
+from otel_graph.events import task_prefix
 from otel_graph.policy import Aggregate, SpanPlan
 from otel_graph.spans import aggregate_attributes, function_names, key_text, run_attributes
 
@@ -62,23 +64,11 @@ _DONE = frozenset({"memory", "error"})
 _MAX_TRACES = 4096
 #: A compute with no task on this worker for this long is settled (flush and exit settle at once).
 SETTLE_AFTER_S = 30.0
-_MAX_ATTEMPTS_TRACKED = 100_000
+_MAX_FAILED_TRACKED = 10_000  # per compute; a retry of a failure past it reads as a first run
 _WORKER_DRAIN_S = 1.0
-
-
-class WorkerEvent(NamedTuple):
-    """A task run as the span budget and the task metrics see it (TaskEvent's fields first)."""
-
-    key: Any
-    start_ns: int
-    end_ns: int
-    worker: str
-    thread: int
-    nbytes: int
-    type_name: str
-    error: ErrorInfo | None
-    run: adapter.TaskRun
-    attempt: int
+#: Runs recorded before the drain thread is woken early: bounds what waits between drains
+#: (a worker can finish 20,000 small tasks a second; each record holds ~300 B and a run_spec).
+_DRAIN_AT = 4096
 
 
 class _Trace:
@@ -88,10 +78,31 @@ class _Trace:
     compute arriving later spend what is left of its budget rather than a fresh one.
     """
 
-    __slots__ = ("parent", "plan", "last_seen", "dirty")
+    __slots__ = ("parent", "plan", "last_seen", "dirty", "failed")
 
     def __init__(self, parent: trace.Span, plan: SpanPlan) -> None:
         self.parent, self.plan, self.last_seen, self.dirty = parent, plan, time.monotonic(), False
+        #: hash(key): failed runs here, for the keys of this compute that failed on this worker.
+        self.failed: dict[int, int] = {}
+
+    def number_attempts(self, runs: list[adapter.TaskRun]) -> None:
+        """Mark a run of a key that failed here before in this compute (a retry) with its attempt.
+
+        Only failures are remembered, so memory grows with failed tasks, not with the
+        graph (remembering every key cost 80 B a task, 8 MB a worker at a 100,000 cap).
+        By hash: the key objects stay Dask's to free; a 64-bit collision would only
+        mark one run as a retry.
+        """
+        failed = self.failed
+        for i, run in enumerate(runs):
+            if run.error is None and not failed:
+                continue
+            slot = hash(run.key)
+            earlier = failed.get(slot, 0)
+            if earlier:
+                runs[i] = run._replace(attempt=earlier + 1)
+            if run.error is not None and (earlier or len(failed) < _MAX_FAILED_TRACKED):
+                failed[slot] = earlier + 1
 
     def settle(self) -> None:
         if self.dirty:
@@ -110,12 +121,12 @@ class WorkerTelemetry:
         self._settings = settings
         self._emitter = providers.emitter
         self._metrics = providers.instruments.task_metrics
-        self._pending: list[WorkerEvent] = []
+        self._pending: list[adapter.TaskRun] = []
         self._traces: OrderedDict[str, _Trace] = OrderedDict()
-        self._attempts: dict[int, int] = {}  # hash((traceparent, key)): runs
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._requested = self._completed = 0
+        self._kicked = False  # woken before its interval: many runs are waiting
         self._stopping = False
         self.record_errors = 0
         self.tasks_aggregated = 0
@@ -131,17 +142,18 @@ class WorkerTelemetry:
         if self._closing:  # closed while a plugin still points here: nothing will drain it
             return
         try:
-            run = adapter.task_run(worker, key, annotation_name=ANNOTATION)
+            run = adapter.task_run(worker, key, annotation_name=ANNOTATION, address=self.address)
         except Exception:  # a changed internal must cost telemetry, never the worker
             self.record_errors += 1
             return
         if run is None:
             return
-        note = run.annotation
-        trace_key = note.get("traceparent") if isinstance(note, dict) else None
-        self._pending.append(WorkerEvent(key, run.start_ns, run.end_ns, self.address, run.thread,
-                                         run.nbytes, run.type_name, run.error, run,
-                                         self._attempt((trace_key, key))))
+        pending = self._pending
+        pending.append(run)
+        if len(pending) == _DRAIN_AT:
+            with self._wake:  # held only briefly by the drain thread, never across a drain
+                self._kicked = True
+                self._wake.notify_all()
 
     # -- flush and close ------------------------------------------------------------------
     def flush(self, timeout_s: float, *, export: bool = True) -> bool:
@@ -174,11 +186,11 @@ class WorkerTelemetry:
     def _run(self) -> None:
         while True:
             with self._wake:
-                if self._requested == self._completed and not self._stopping:
+                if self._requested == self._completed and not self._stopping and not self._kicked:
                     self._wake.wait(self._interval)
                 if self._stopping:
                     return
-                target = self._requested
+                target, self._kicked = self._requested, False
             settle_all = target != self._completed
             try:
                 self._drain(settle_all=settle_all)
@@ -216,9 +228,9 @@ class WorkerTelemetry:
         if events:
             prefixes = [task_prefix(ev.key) for ev in events]
             self._metrics.record_tasks(events, prefixes, "distributed")
-            by_trace: dict[str, tuple[list[WorkerEvent], list[str]]] = {}
+            by_trace: dict[str, tuple[list[adapter.TaskRun], list[str]]] = {}
             for ev, prefix in zip(events, prefixes):
-                note = ev.run.annotation
+                note = ev.annotation
                 traceparent = note.get("traceparent") if isinstance(note, dict) else None
                 if traceparent is None:
                     continue
@@ -226,9 +238,10 @@ class WorkerTelemetry:
                 group[0].append(ev)
                 group[1].append(prefix)
             for traceparent, (group, group_prefixes) in by_trace.items():
-                state = self._trace(traceparent, group[0].run.annotation)
+                state = self._trace(traceparent, group[0].annotation)
                 if state is not None and state.parent.get_span_context().trace_flags.sampled:
                     state.dirty, state.last_seen = True, now
+                    state.number_attempts(group)
                     state.plan.add(group, group_prefixes)
         # A compute quiet here for a while has (probably) ended on this worker: settle it.
         # Not at the first quiet drain: tasks slower than a drain would each become a
@@ -247,20 +260,20 @@ class WorkerTelemetry:
             return None
         plan = SpanPlan(budget=budget_of(note),
                         emit=lambda ev, prefix: self._task_span(parent, ev, prefix),
-                        emit_aggregate=lambda agg: self._aggregate_span(parent, agg))
+                        emit_aggregate=lambda agg: self._aggregate_span(parent, agg),
+                        hold=_without_run_spec)
         state = self._traces[traceparent] = _Trace(parent, plan)
         while len(self._traces) > _MAX_TRACES:
             self._traces.popitem(last=False)[1].settle()
         return state
 
-    def _task_span(self, parent: trace.Span, ev: WorkerEvent, prefix: str) -> None:
-        run = ev.run
-        context = self._emitter.emit(parent=parent, name=prefix, start_ns=ev.start_ns, end_ns=ev.end_ns,
-                                     attributes=self._attributes(ev, prefix), error=ev.error)
+    def _task_span(self, parent: trace.Span, run: adapter.TaskRun, prefix: str) -> None:
+        context = self._emitter.emit(parent=parent, name=prefix, start_ns=run.start_ns, end_ns=run.end_ns,
+                                     attributes=self._attributes(run, prefix), error=run.error)
         if run.phases and context is not None:
             task = trace.NonRecordingSpan(context)
             for phase in run.phases:
-                attributes: dict[str, Any] = {"dask.task.key": key_text(ev.key), "dask.worker.id": self.address}
+                attributes: dict[str, Any] = {"dask.task.key": key_text(run.key), "dask.worker.id": self.address}
                 if phase.source:
                     attributes["dask.transfer.source"] = phase.source
                 if phase.nbytes is not None:
@@ -275,35 +288,30 @@ class WorkerTelemetry:
         self._emitter.emit(parent=parent, name=agg.prefix, start_ns=agg.start_ns, end_ns=agg.end_ns,
                            attributes=attributes)
 
-    def _attributes(self, ev: WorkerEvent, prefix: str) -> dict[str, Any]:
-        run = ev.run
-        attributes = run_attributes(ev, prefix)  # ev.worker is this worker's address
+    def _attributes(self, run: adapter.TaskRun, prefix: str) -> dict[str, Any]:
+        attributes = run_attributes(run, prefix)  # run.worker is this worker's address
         attributes["dask.worker.name"] = self.name
         attributes["dask.task.dependency_count"] = run.dependency_count
         attributes["dask.task.dependent_count"] = run.dependent_count
         if run.dependencies:
             attributes["dask.task.dependencies"] = tuple(sorted(map(key_text, run.dependencies)))
-        functions = function_names(run.run_spec)
+        functions = run.functions if run.run_spec is None else function_names(run.run_spec)
         if functions:
             attributes["code.function.name"] = functions
         if run.retries:
             attributes["dask.task.retries"] = run.retries
-        if ev.attempt > 1:
-            attributes["dask.task.attempt"] = ev.attempt
+        if run.attempt > 1:
+            attributes["dask.task.attempt"] = run.attempt
         return attributes
 
-    def _attempt(self, run_of: tuple[Any, Any]) -> int:
-        """Runs of this key in this compute on this worker (a retry that lands here counts up)."""
-        attempts = self._attempts
-        # By hash: holding the (traceparent, key) pairs kept every key alive after Dask let
-        # go of it (measured at the 100,000 cap: 19 MB as pairs, 8 MB as hashes). Two runs
-        # sharing a 64-bit hash are too unlikely to matter: one would read as a retry.
-        slot = hash(run_of)
-        count = attempts.pop(slot, 0) + 1
-        attempts[slot] = count  # most recent last: the oldest go first when full
-        if len(attempts) > _MAX_ATTEMPTS_TRACKED:
-            del attempts[next(iter(attempts))]
-        return count
+
+def _without_run_spec(run: adapter.TaskRun) -> adapter.TaskRun:
+    """A run kept for a span emitted later, holding its function names, not its run_spec.
+
+    A run_spec can embed data of the graph's (an array literal, a model): held by a kept
+    run, it would stay alive until the compute settles here, 30 s after its last task.
+    """
+    return run._replace(run_spec=None, functions=function_names(run.run_spec))
 
 
 class _ProcessTelemetry:
