@@ -1,9 +1,10 @@
 """Does otel_graph hold at scale? Accounting, metric completeness, span budget, memory, leaks.
 
 Every run is a fresh child process, so its peak RSS (``VmHWM``, what ``ru_maxrss`` reads) is its own; each
-exports over OTLP/gRPC to one receiver (``tests/otlp_receiver.py``) in another process,
-which is cleared before a run and summarised after the child has exited (by then its
-exit hook has delivered the last metric points). Workloads:
+exports over OTLP/gRPC (``--protocol http/protobuf``: over HTTP) to one receiver
+(``tests/otlp_receiver.py``) in another process, which is cleared before a run and
+summarised after the child has exited (by then its exit hook has delivered the last
+metric points). Workloads:
 
 * ``sync-1m``: a tree reduction with ``--tasks`` leaves (fan-in 10, so 1.11x as many
   tasks) as a raw graph dict, on the sync scheduler, without and with otel_graph
@@ -57,14 +58,15 @@ class ScaleReceiver(Receiver):
     def __init__(self) -> None:
         self._proc = subprocess.Popen([sys.executable, __file__, "--receiver"],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.endpoint = self._proc.stdout.readline().strip()
+        grpc, http = self._proc.stdout.readline().split()
+        self.endpoints = {"grpc": grpc, "http/protobuf": http}
 
 
 def serve_receiver() -> None:
     from otlp_receiver import OtlpReceiver
 
     with OtlpReceiver() as receiver:
-        print(receiver.grpc_endpoint, flush=True)
+        print(receiver.grpc_endpoint, receiver.http_endpoint, flush=True)
         for line in sys.stdin:
             command = line.strip()
             if command == "clear":
@@ -175,6 +177,8 @@ def child_distributed(leaves: int, on: bool) -> dict:
         row = finish(handle, row, started)
         workers = psutil.Process().children(recursive=True)
         row["workers_peak_rss_mb"] = sum(rss_mb(p.pid, "VmHWM") for p in workers)  # nannies too
+        # Mapped library pages, shared between the workers in physical memory (gRPC's are ~8 MB).
+        row["workers_rss_file_mb"] = sum(rss_mb(p.pid, "RssFile") for p in workers)
     row["peak_rss_mb"] = rss_mb(field="VmHWM")
     return row
 
@@ -254,10 +258,10 @@ CHILDREN = {
 
 
 # -- the parent -----------------------------------------------------------------------------
-def run_child(name: str, tasks: int, on: bool, receiver: ScaleReceiver) -> dict:
+def run_child(name: str, tasks: int, on: bool, receiver: ScaleReceiver, protocol: str) -> dict:
     receiver.ask("clear")
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    env.update(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
+    env.update(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoints[protocol], OTEL_EXPORTER_OTLP_PROTOCOL=protocol,
                OTEL_SERVICE_NAME="bench-scale", PYTHONPATH=str(ROOT))
     done = subprocess.run([sys.executable, __file__, "--child", name, "--tasks", str(tasks)]
                           + (["--instrumented"] if on else []),
@@ -274,12 +278,14 @@ def verdict(plain: list[dict], inst: list[dict]) -> dict[str, Any]:
     tasks, big, loop = last["tasks"], got["biggest"] or {}, "samples" in last
     counted = big.get("task_spans", 0) + big.get("aggregated_tasks", 0)
     out: dict[str, Any] = {"tasks": tasks, "flushed": all(r.get("flushed") for r in inst), "stats": last["stats"]}
-    for key in ("wall_s", "peak_rss_mb", "rss_before_mb", "workers_peak_rss_mb"):
+    for key in ("wall_s", "peak_rss_mb", "rss_before_mb", "workers_peak_rss_mb", "workers_rss_file_mb"):
         if key in last:
             out[key] = (median(r[key] for r in plain), median(r[key] for r in inst))
     out["wall_ratio"] = out["wall_s"][1] / out["wall_s"][0]
     out["wall_s_each"] = ([round(r["wall_s"], 2) for r in plain], [round(r["wall_s"], 2) for r in inst])
     out["rss_ratio"] = out["peak_rss_mb"][1] / out["peak_rss_mb"][0]
+    if "workers_peak_rss_mb" in out:
+        out["workers_rss_ratio"] = out["workers_peak_rss_mb"][1] / out["workers_peak_rss_mb"][0]
     out["accounting"] = (f"largest compute: {big.get('task_spans')} task spans + {big.get('aggregated_tasks')} "
                          f"aggregated = {counted}, dask.graph.tasks {big.get('graph_tasks')}, graph "
                          f"{5 if loop else tasks}; {got['computes']} computes, {got['accounting_mismatches']} off")
@@ -306,8 +312,8 @@ def print_table(results: dict[str, dict]) -> None:
         print(f"{name:<17}{r['tasks']:>9}{wall:>19}{r['wall_ratio']:>7.3f}{rss:>13}{r['rss_ratio']:>7.3f}  "
               f"{ok[r['accounting_ok']]} / {ok[r['metrics_ok']]} ({r['histogram_count']}) / "
               f"{ok[r['budget_ok']]} ({r['max_task_spans']})")
-        for key in ("wall_s_each", "accounting", "rss_before_mb", "workers_peak_rss_mb",
-                    "overhead_per_compute_ms", "samples", "tables", "stats"):
+        for key in ("wall_s_each", "accounting", "rss_before_mb", "workers_peak_rss_mb", "workers_rss_ratio",
+                    "workers_rss_file_mb", "overhead_per_compute_ms", "samples", "tables", "stats"):
             if key in r:
                 print(f"    {key}: {r[key]}")
 
@@ -317,6 +323,8 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=1_000_000, help="leaves of sync-1m; the others scale")
     parser.add_argument("--repeat", type=int, default=1, help="child pairs per workload, alternating")
     parser.add_argument("--only", help="run only the workloads whose name contains this")
+    parser.add_argument("--protocol", choices=("grpc", "http/protobuf"), default="grpc",
+                        help="OTEL_EXPORTER_OTLP_PROTOCOL of the children")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--instrumented", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--receiver", action="store_true", help=argparse.SUPPRESS)
@@ -332,7 +340,7 @@ def main() -> None:
             runs: dict[bool, list[dict]] = {False: [], True: []}
             for _ in range(args.repeat):
                 for on in (False, True):
-                    runs[on].append(run_child(name, args.tasks, on, receiver))
+                    runs[on].append(run_child(name, args.tasks, on, receiver, args.protocol))
             results[name] = verdict(runs[False], runs[True])
             print(f"-- {name}: {json.dumps(results[name])}", file=sys.stderr, flush=True)
     finally:
