@@ -40,7 +40,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from otel_graph.cluster import adapter
-from otel_graph.cluster.propagation import ANNOTATION, seal_env, unseal_env
+from otel_graph.cluster.propagation import ANNOTATION, seal_env, traceparent_of, unseal_env
 
 logger = logging.getLogger("otel_graph")
 
@@ -163,9 +163,9 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
         ours = (annotations or {}).get(ANNOTATION)
         if not ours:
             return
-        note = next(iter(ours.values()), None)
-        if isinstance(note, dict):
-            scheduler.log_event(TOPIC, {"op": "graph", "traceparent": note.get("traceparent"),
+        traceparent = traceparent_of(next(iter(ours.values()), None))
+        if traceparent is not None:
+            scheduler.log_event(TOPIC, {"op": "graph", "traceparent": traceparent,
                                         "tasks": len(tasks), "client": str(client)})
 
     def remove_client(self, scheduler: Any, client: str) -> None:

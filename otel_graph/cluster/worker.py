@@ -50,7 +50,7 @@ from opentelemetry import trace
 from opentelemetry.metrics import Observation
 
 from otel_graph.cluster import adapter
-from otel_graph.cluster.propagation import ANNOTATION, budget_of, parent_span, seal_env, unseal_env
+from otel_graph.cluster.propagation import ANNOTATION, budget_of, parent_span, seal_env, traceparent_of, unseal_env
 from otel_graph.config import exit_timeout
 from otel_graph.events import task_prefix
 from otel_graph.policy import Aggregate, SpanPlan
@@ -230,8 +230,7 @@ class WorkerTelemetry:
             self._metrics.record_tasks(events, prefixes, "distributed")
             by_trace: dict[str, tuple[list[adapter.TaskRun], list[str]]] = {}
             for ev, prefix in zip(events, prefixes):
-                note = ev.annotation
-                traceparent = note.get("traceparent") if isinstance(note, dict) else None
+                traceparent = traceparent_of(ev.annotation)
                 if traceparent is None:
                     continue
                 group = by_trace.setdefault(traceparent, ([], []))
