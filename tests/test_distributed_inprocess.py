@@ -64,19 +64,13 @@ def wait_until(predicate, timeout_s: float = 20) -> bool:
     return False
 
 
-def tasks_of(telemetry, root) -> list:
-    # Not the progress spans a compute past its first second also has under its root.
-    return [s for s in telemetry.spans() if s.parent is not None and s.parent.span_id == root.context.span_id
-            and "dask.task.prefix" in s.attributes]
-
-
 def test_in_process_workers_emit_through_the_applications_providers(telemetry, client):
     graph = {f"inc-{i}": (inc, i) for i in range(10)}
     assert client.get(graph, list(graph)) == list(range(1, 11))
     (root,) = telemetry.roots()
     assert root.attributes["dask.scheduler"] == "distributed"
-    assert wait_until(lambda: len(tasks_of(telemetry, root)) == 10)
-    tasks = tasks_of(telemetry, root)
+    assert wait_until(lambda: len(telemetry.children(root)) == 10)
+    tasks = telemetry.children(root)
     addresses = {s.attributes["dask.worker.id"] for s in tasks}
     assert addresses <= set(client.scheduler_info()["workers"])
     assert all(s.context.trace_id == root.context.trace_id for s in tasks)
@@ -88,9 +82,9 @@ def test_each_worker_in_the_process_reports_its_own_address(telemetry, client):
     futures = client.compute([dask.delayed(inc)(i, dask_key_name=f"inc-{i}") for i in range(40)])
     client.gather(futures)
     (root,) = telemetry.roots()
-    assert wait_until(lambda: len(tasks_of(telemetry, root)) == 40)
+    assert wait_until(lambda: len(telemetry.children(root)) == 40)
     by_worker = {}
-    for span in tasks_of(telemetry, root):
+    for span in telemetry.children(root):
         by_worker.setdefault(span.attributes["dask.worker.id"], set()).add(span.attributes["thread.id"])
     assert len(by_worker) == 2, "both in-process workers ran tasks and named themselves"
 
@@ -133,9 +127,9 @@ def test_concurrent_computes_from_threads_get_separate_traces(telemetry, client)
     assert results == {n: 15 for n in range(4)}
     roots = telemetry.roots()
     assert len(roots) == 4 and len({r.context.trace_id for r in roots}) == 4
-    assert wait_until(lambda: all(len(tasks_of(telemetry, r)) == 5 for r in telemetry.roots()))
+    assert wait_until(lambda: all(len(telemetry.children(r)) == 5 for r in telemetry.roots()))
     for root in telemetry.roots():
-        prefixes = {s.attributes["dask.task.key"].split("-")[0] for s in tasks_of(telemetry, root)}
+        prefixes = {s.attributes["dask.task.key"].split("-")[0] for s in telemetry.children(root)}
         assert len(prefixes) == 1, "a trace holds one thread's tasks only"
         assert root.attributes["dask.graph.tasks"] == 5
 
@@ -155,7 +149,7 @@ def test_nested_compute_inside_a_task_joins_the_outer_trace(telemetry, client):
     outer, inner = sorted(telemetry.roots(), key=lambda s: s.start_time)
     assert inner.context.trace_id == outer.context.trace_id
     assert inner.parent.span_id == outer.context.span_id
-    assert wait_until(lambda: len(tasks_of(telemetry, inner)) == 3)
+    assert wait_until(lambda: len(telemetry.children(inner)) == 3)
 
 
 def test_uninstrument_right_after_a_compute_keeps_its_task_spans(telemetry, client):
@@ -200,7 +194,7 @@ def test_asynchronous_clients_are_traced(telemetry):
     assert asyncio.run(main()) == (4, 42)
     roots = telemetry.roots()
     assert len(roots) == 2 and all(r.attributes["dask.scheduler"] == "distributed" for r in roots)
-    assert wait_until(lambda: sum(len(tasks_of(telemetry, r)) for r in telemetry.roots()) == 2)
+    assert wait_until(lambda: sum(len(telemetry.children(r)) for r in telemetry.roots()) == 2)
 
 
 @pytest.mark.parametrize("telemetry", [{"drain_interval_s": 0.1, "progress_interval_s": 0.2}], indirect=True)
@@ -261,7 +255,7 @@ def test_a_slow_task_kept_for_its_span_lets_go_of_its_graph_data(telemetry):
         assert wait_until(lambda: gc.collect() >= 0 and not Payload.alive, timeout_s=10), \
             f"{len(Payload.alive)} payloads alive while their task waits to be emitted"
         (root,) = telemetry.roots()  # flushes: the kept task is emitted now
-        (held,) = [s for s in tasks_of(telemetry, root) if s.attributes.get("dask.task.key") == "held"]
+        (held,) = [s for s in telemetry.children(root) if s.attributes.get("dask.task.key") == "held"]
         assert held.attributes["code.function.name"] == "touch"
 
 
@@ -272,7 +266,7 @@ def test_a_busy_worker_drains_before_its_interval_without_losing_a_task(telemetr
     graph = {f"inc-{i}": (inc, i) for i in range(600)}
     assert client.get(graph, list(graph)) == list(range(1, 601))
     (root,) = telemetry.roots()
-    tasks = tasks_of(telemetry, root)
+    tasks = telemetry.children(root)
     assert sum(s.attributes.get("dask.task.count", 1) for s in tasks) == root.attributes["dask.graph.tasks"] == 600
     (duration,) = telemetry.points("dask.task.duration")
     assert duration.count == 600
