@@ -186,7 +186,6 @@ def test_a_backed_up_queue_goes_out_in_large_requests_under_the_size_limit(proto
         assert max(counts) > 512, counts  # the backlog left in catch-up batches
 
 
-
 def test_no_metric_export_after_exit_gave_up_changes_the_counters():
     # bench_faults, hung collector: the SDK reader's final collection waited behind the
     # export that hung and ran after the warning, which then said 33 points where the

@@ -71,7 +71,7 @@ def budget_of(note: Any) -> int | None:
 
 def parent_context(note: Any) -> SpanContext | None:
     """The compute span's context from a task's annotation; None when it is not ours or malformed."""
-    parts = str(traceparent_of(note) or "").split("-")
+    parts = (traceparent_of(note) or "").split("-")
     if len(parts) != 4 or len(parts[1]) != 32 or len(parts[2]) != 16:
         return None
     try:
