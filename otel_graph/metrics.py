@@ -17,11 +17,17 @@ given as advice, fitted to task times (10 µs to 5 min) and result sizes (64 B t
 4 GiB); a View in the application's own provider overrides them.
 
 The task prefix is the only per-task dimension, so the number of attribute sets stays
-bounded however many distinct keys run.
+bounded however many distinct keys run. A key's prefix is what Dask's ``key_split``
+makes of it: ``"x-1"`` and ``"x-2"`` share ``x``, but a key without a ``-`` (``"x0"``,
+``"job_17"``) is a prefix of its own. A process therefore labels metrics with its first
+:data:`MAX_METRIC_PREFIXES` prefixes only (the SDK's default cardinality limit); the
+tasks of any later prefix are recorded with ``otel.metric.overflow=true`` in place of
+``dask.task.prefix``, as the SDK does past its limit, and one warning says so.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
@@ -36,6 +42,12 @@ DURATION_BUCKETS_S = (
     0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 )
 SIZE_BUCKETS_BY = tuple(float(64 * 4**i) for i in range(14))  # 64 B .. 4 GiB
+
+#: Task prefixes a process labels its metrics with; later ones share the overflow label.
+MAX_METRIC_PREFIXES = 2000
+_OVERFLOW = ("otel.metric.overflow", True)
+
+logger = logging.getLogger("otel_graph")
 
 
 class TaskMetrics:
@@ -57,17 +69,20 @@ class TaskMetrics:
                                            explicit_bucket_boundaries_advisory=bounds)
                     for name, unit, text, bounds in specs]
             self._duration, self._size, self._compute = (_api_record(h) for h in made)
-        self._attributes: dict[tuple[str, str, bool], tuple[tuple[str, str], ...]] = {}
-        self._by_prefix: dict[str, tuple[tuple[str, str], ...]] = {}
+        self._attributes: dict[tuple[str | None, str, bool], tuple[tuple[str, Any], ...]] = {}
+        self._by_prefix: dict[str | None, tuple[tuple[str, Any], ...]] = {None: (_OVERFLOW,)}
+        self._prefixes: set[str] = set()
+        self._warned_overflow = False
 
     def batch(self) -> AbstractContextManager:
         """Held while recording: one lock round trip per batch of tasks, not per task."""
         return self._histograms.lock if self._histograms is not None else nullcontext()
 
     def record_tasks(self, events: Sequence[TaskEvent], prefixes: Sequence[str], scheduler: str) -> None:
-        groups: dict[tuple[str, bool], list[TaskEvent]] = {}
+        groups: dict[tuple[str | None, bool], list[TaskEvent]] = {}
+        admitted = self._prefixes
         for ev, prefix in zip(events, prefixes):
-            key = (prefix, ev.error is not None)
+            key = (prefix if prefix in admitted else self._admit(prefix), ev.error is not None)
             group = groups.get(key)
             if group is None:
                 group = groups[key] = []
@@ -79,17 +94,29 @@ class TaskMetrics:
                 if not failed:
                     self._size(self._size_attributes(prefix), [ev.nbytes for ev in group if ev.nbytes >= 0])
 
-    def _task_attributes(self, prefix: str, scheduler: str, failed: bool) -> tuple[tuple[str, str], ...]:
+    def _admit(self, prefix: str) -> str | None:
+        """``prefix`` if it may still label metrics; None (the overflow label) past the limit."""
+        if len(self._prefixes) < MAX_METRIC_PREFIXES:
+            self._prefixes.add(prefix)
+            return prefix
+        if not self._warned_overflow:
+            self._warned_overflow = True
+            logger.warning("otel_graph: tasks of more than %d prefixes ran in this process; the task metrics of "
+                           "further prefixes are labelled otel.metric.overflow=true instead of dask.task.prefix "
+                           "(a key without a '-' is a prefix of its own)", MAX_METRIC_PREFIXES)
+        return None
+
+    def _task_attributes(self, prefix: str | None, scheduler: str, failed: bool) -> tuple[tuple[str, Any], ...]:
         attributes = self._attributes.get((prefix, scheduler, failed))
         if attributes is None:
             attributes = self._attributes[(prefix, scheduler, failed)] = (
                 ("dask.scheduler", scheduler),
                 ("dask.task.outcome", "error" if failed else "success"),
-                ("dask.task.prefix", prefix),
+                ("dask.task.prefix", prefix) if prefix is not None else _OVERFLOW,
             )
         return attributes
 
-    def _size_attributes(self, prefix: str) -> tuple[tuple[str, str], ...]:
+    def _size_attributes(self, prefix: str | None) -> tuple[tuple[str, Any], ...]:
         attributes = self._by_prefix.get(prefix)
         if attributes is None:
             attributes = self._by_prefix[prefix] = (("dask.task.prefix", prefix),)

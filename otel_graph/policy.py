@@ -12,7 +12,10 @@ like this:
 * the **second half** keeps the **slowest** of the remaining tasks, the ones a user
   hunting a bottleneck wants to see; they are emitted when the compute ends;
 * every other task is folded into **one aggregate span per prefix**, carrying
-  ``dask.task.count`` and duration statistics.
+  ``dask.task.count`` and duration statistics. A compute folds its first
+  :data:`MAX_AGGREGATES` prefixes so; the tasks of any later one share one aggregate
+  named :data:`OTHER_PREFIXES` (a key without a ``-``, ``"x0"``, is a prefix of its
+  own, and 10^5 of them must not become 10^5 aggregate spans).
 
 Every task is accounted for: the sum of ``dask.task.count`` over a trace's spans
 (1 for a plain task span) equals the compute's ``dask.graph.tasks``.
@@ -36,6 +39,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from otel_graph.events import TaskEvent
+
+#: Prefixes a compute (on a worker: its share there) gets aggregate spans of their own for.
+MAX_AGGREGATES = 100
+#: The prefix, and span name, of the aggregate of every prefix past :data:`MAX_AGGREGATES`.
+OTHER_PREFIXES = "(other prefixes)"
 
 
 @dataclass
@@ -79,6 +87,7 @@ class SpanPlan:
         emit_aggregate: Callable[[Aggregate], None],
         keep: Container[Any] = (),
         hold: Callable[[TaskEvent], TaskEvent] | None = None,
+        max_aggregates: int | None = None,
     ) -> None:
         self._emit = emit
         #: Makes an event kept for later (a slow candidate) lighter: drop what only its span needs.
@@ -92,6 +101,9 @@ class SpanPlan:
         self._slowest: list[tuple[int, int, TaskEvent, str]] = []
         self._seq = 0
         self._aggregates: dict[str, Aggregate] = {}
+        #: Prefixes folded so far, over settles too: at most max_aggregates.
+        self._folded_prefixes: set[str] = set()
+        self._max_aggregates = MAX_AGGREGATES if max_aggregates is None else max_aggregates
         self.task_spans = 0
         self.aggregated_tasks = 0
 
@@ -146,6 +158,11 @@ class SpanPlan:
 
     def _fold(self, events: list[TaskEvent], prefix: str) -> None:
         self.aggregated_tasks += len(events)
+        if prefix not in self._folded_prefixes:
+            if len(self._folded_prefixes) < self._max_aggregates:
+                self._folded_prefixes.add(prefix)
+            else:
+                prefix = OTHER_PREFIXES
         aggregate = self._aggregates.get(prefix)
         if aggregate is None:
             aggregate = self._aggregates[prefix] = Aggregate(prefix)

@@ -270,3 +270,28 @@ def test_a_busy_worker_drains_before_its_interval_without_losing_a_task(telemetr
     assert sum(s.attributes.get("dask.task.count", 1) for s in tasks) == root.attributes["dask.graph.tasks"] == 600
     (duration,) = telemetry.points("dask.task.duration")
     assert duration.count == 600
+
+
+@pytest.mark.parametrize("telemetry", [{"max_task_spans": 8}], indirect=True)
+def test_keys_that_are_each_their_own_prefix_stay_bounded_on_the_workers(telemetry, client, monkeypatch):
+    from otel_graph import metrics, policy
+
+    monkeypatch.setattr(policy, "MAX_AGGREGATES", 5)
+    monkeypatch.setattr(metrics, "MAX_METRIC_PREFIXES", 20)
+    graph = {f"t{i}": (inc, i) for i in range(300)}  # no '-': 300 prefixes
+    assert client.get(graph, list(graph)) == list(range(1, 301))
+    (root,) = telemetry.roots()
+    tasks = telemetry.children(root)
+    assert sum(s.attributes.get("dask.task.count", 1) for s in tasks) == root.attributes["dask.graph.tasks"] == 300
+    aggregates: dict[str, list[str]] = {}
+    for span in tasks:
+        if span.attributes.get("dask.task.aggregate"):
+            aggregates.setdefault(span.attributes["dask.worker.id"], []).append(span.name)
+    assert aggregates, "the budget of 8 folded most tasks"
+    for names in aggregates.values():  # each worker folds its share: 5 prefixes, then one for the rest
+        assert len(names) == 6 and names.count(policy.OTHER_PREFIXES) == 1, names
+    durations = telemetry.points("dask.task.duration")
+    labelled = {p.attributes["dask.task.prefix"] for p in durations if "dask.task.prefix" in p.attributes}
+    (overflow,) = [p for p in durations if "dask.task.prefix" not in p.attributes]
+    assert len(labelled) == 20 and overflow.attributes["otel.metric.overflow"] is True
+    assert sum(p.count for p in durations) == 300

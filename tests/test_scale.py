@@ -91,3 +91,51 @@ def test_a_stuck_tracker_costs_one_wait_not_one_per_compute():
         handle.uninstrument()
     roots = [s for s in exporter.get_finished_spans() if s.name == "dask.compute"]
     assert len(roots) == MAX_BACKLOG + 200, "and once unblocked, every compute's trace arrives"
+
+
+OWN_PREFIXES = """
+import dask, otel_graph
+handle = otel_graph.instrument_scheduler()
+graph = {f"x{i}": (abs, -i) for i in range(5000)}  # no '-' in a key: each is a prefix of its own
+graph["total"] = (sum, list(graph))
+print("RESULT", dask.get(graph, "total"))
+print("FLUSHED", handle.flush(timeout_s=60))
+"""
+
+
+def test_keys_that_are_each_their_own_prefix_keep_trace_and_metrics_bounded():
+    """Cardinality with hostile keys: 5,001 prefixes in one compute. Its trace stays within
+    the budget plus at most MAX_AGGREGATES + 1 aggregates, its task metrics within
+    MAX_METRIC_PREFIXES labels plus the overflow set; every task is still counted."""
+    from otel_graph.metrics import MAX_METRIC_PREFIXES
+    from otel_graph.policy import MAX_AGGREGATES, OTHER_PREFIXES
+
+    with OtlpReceiver() as receiver:
+        env = subprocess_env(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.grpc_endpoint, OTEL_GRAPH_RESOURCES="false")
+        proc = subprocess.run([sys.executable, "-c", OWN_PREFIXES], env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "RESULT 12497500" in proc.stdout and "FLUSHED True" in proc.stdout
+        # Said once: the user learns why some tasks lost their prefix label.
+        assert proc.stderr.count("otel.metric.overflow=true") == 1, proc.stderr[-3000:]
+        spans = receiver.spans()
+        (root,) = [s for s in spans if s["name"] == "dask.compute"]
+        tasks = [s for s in spans if s["parent_span_id"] == root["span_id"] and s["name"] != "dask.compute.progress"]
+        aggregates = [s for s in tasks if s["attributes"].get("dask.task.aggregate")]
+        assert len(tasks) - len(aggregates) == 1000, "the default budget's task spans"
+        assert len(aggregates) == MAX_AGGREGATES + 1, len(aggregates)
+        (other,) = [s for s in aggregates if s["name"] == OTHER_PREFIXES]
+        assert other["attributes"]["dask.task.prefix"] == OTHER_PREFIXES
+        assert other["attributes"]["dask.task.count"] == 5001 - 1000 - MAX_AGGREGATES
+        counted = sum(s["attributes"].get("dask.task.count", 1) for s in tasks)
+        assert counted == root["attributes"]["dask.graph.tasks"] == 5001
+
+        durations = [p for p in receiver.metrics() if p["name"] == "dask.task.duration"]
+        last = {tuple(sorted(p["attributes"].items())): p for p in durations}  # cumulative: the last wins
+        labels = {p["attributes"].get("dask.task.prefix") for p in last.values()} - {None}
+        assert len(labels) == MAX_METRIC_PREFIXES
+        (overflow,) = [p for p in last.values() if "dask.task.prefix" not in p["attributes"]]
+        assert overflow["attributes"]["otel.metric.overflow"] is True
+        assert overflow["attributes"]["dask.task.outcome"] == "success"
+        assert overflow["count"] == 5001 - MAX_METRIC_PREFIXES
+        assert sum(p["count"] for p in last.values()) == 5001
