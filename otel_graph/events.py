@@ -33,6 +33,9 @@ MAX_KEY_CHARS = 512
 #: Longest task prefix: it names spans and labels metrics, and a key with no ``-`` in it
 #: is its own prefix (a 10 MB string key once made 20 MB export requests).
 MAX_PREFIX_CHARS = 128
+#: Stands for the prefixes past a limit, in span names and aggregates: a key with no
+#: ``-`` is its own prefix, and 10^5 of them must not become 10^5 names.
+OTHER_PREFIXES = "(other prefixes)"
 MAX_MESSAGE_CHARS = 4096
 #: Largest integer OTLP carries (int64): a lying ``__sizeof__`` can claim more, and one
 #: such value would fail its whole export.

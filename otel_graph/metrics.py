@@ -34,7 +34,7 @@ from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
-from otel_graph.events import INT64_MAX, TaskEvent
+from otel_graph.events import INT64_MAX, OTHER_PREFIXES, TaskEvent
 from otel_graph.histograms import HistogramSet, PreAggregatedHistogram
 
 DURATION_BUCKETS_S = (
@@ -105,6 +105,14 @@ class TaskMetrics:
                            "further prefixes are labelled otel.metric.overflow=true instead of dask.task.prefix "
                            "(a key without a '-' is a prefix of its own)", MAX_METRIC_PREFIXES)
         return None
+
+    def span_name(self, prefix: str) -> str:
+        """The name of a span of ``prefix``: the prefix if it labels metrics, else OTHER_PREFIXES.
+
+        Span names are low-cardinality too: Jaeger lists each as an operation, and the
+        collector's span metrics make series per name.
+        """
+        return prefix if prefix in self._prefixes else OTHER_PREFIXES
 
     def _task_attributes(self, prefix: str | None, scheduler: str, failed: bool) -> tuple[tuple[str, Any], ...]:
         attributes = self._attributes.get((prefix, scheduler, failed))

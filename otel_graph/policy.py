@@ -38,12 +38,11 @@ from collections.abc import Callable, Container
 from dataclasses import dataclass
 from typing import Any
 
-from otel_graph.events import TaskEvent
+from otel_graph.events import OTHER_PREFIXES, TaskEvent
 
-#: Prefixes a compute (on a worker: its share there) gets aggregate spans of their own for.
+#: Prefixes a compute (on a worker: its share there) gets aggregate spans of their own
+#: for; the tasks of later ones share one, whose prefix and name are OTHER_PREFIXES.
 MAX_AGGREGATES = 100
-#: The prefix, and span name, of the aggregate of every prefix past :data:`MAX_AGGREGATES`.
-OTHER_PREFIXES = "(other prefixes)"
 
 
 @dataclass

@@ -1,7 +1,9 @@
 """Task records -> spans: the attributes of a task span, and two ways to emit it.
 
 A task span is named after the task prefix (``dask.utils.key_split``), never the key,
-so span names stay few. It carries:
+so span names stay few: a key with no ``-`` is a prefix of its own, so past the
+process's first ``metrics.MAX_METRIC_PREFIXES`` prefixes, spans are named
+``(other prefixes)`` (``dask.task.prefix`` still says which). It carries:
 
 =============================  =====================================================
 ``dask.task.key``              the key as a readable string

@@ -387,13 +387,13 @@ class Tracker:
         ids = record.task_span_ids
         extra = {"span_id": ids[ev.key]} if ids and ev.key in ids else {}
         self._emitter.emit(
-            parent=record.span, name=prefix, start_ns=ev.start_ns, end_ns=ev.end_ns,
+            parent=record.span, name=self._metrics.span_name(prefix), start_ns=ev.start_ns, end_ns=ev.end_ns,
             attributes=task_attributes(ev, prefix, record.graph, record.state), error=ev.error, **extra,
         )
 
     def _aggregate_span(self, record: ComputeRecord, agg: Aggregate) -> None:
         self.tasks_aggregated += agg.count
-        self._emitter.emit(parent=record.span, name=agg.prefix, start_ns=agg.start_ns,
+        self._emitter.emit(parent=record.span, name=self._metrics.span_name(agg.prefix), start_ns=agg.start_ns,
                            end_ns=agg.end_ns, attributes=aggregate_attributes(agg))
 
     def _finish(self, record: ComputeRecord, plan: SpanPlan) -> None:

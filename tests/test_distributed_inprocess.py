@@ -286,7 +286,7 @@ def test_keys_that_are_each_their_own_prefix_stay_bounded_on_the_workers(telemet
     aggregates: dict[str, list[str]] = {}
     for span in tasks:
         if span.attributes.get("dask.task.aggregate"):
-            aggregates.setdefault(span.attributes["dask.worker.id"], []).append(span.name)
+            aggregates.setdefault(span.attributes["dask.worker.id"], []).append(span.attributes["dask.task.prefix"])
     assert aggregates, "the budget of 8 folded most tasks"
     for names in aggregates.values():  # each worker folds its share: 5 prefixes, then one for the rest
         assert len(names) == 6 and names.count(policy.OTHER_PREFIXES) == 1, names

@@ -139,3 +139,11 @@ def test_keys_that_are_each_their_own_prefix_keep_trace_and_metrics_bounded():
         assert overflow["attributes"]["dask.task.outcome"] == "success"
         assert overflow["count"] == 5001 - MAX_METRIC_PREFIXES
         assert sum(p["count"] for p in last.values()) == 5001
+
+        # Span names are bounded with the same labels: a task of a prefix that does not
+        # label metrics is named OTHER_PREFIXES, its dask.task.prefix still exact.
+        named_other = [s for s in tasks if s["name"] == OTHER_PREFIXES and s not in aggregates]
+        assert named_other, "the slowest half of the budget kept tasks of prefixes past the limit"
+        assert not {s["attributes"]["dask.task.prefix"] for s in named_other} & labels
+        assert all(s["name"] == s["attributes"]["dask.task.prefix"] in labels for s in tasks
+                   if s["name"] != OTHER_PREFIXES), "the others are named after their (labelled) prefix"
