@@ -23,8 +23,8 @@ read, from a client of an earlier version.
 '00-0000000000000000000000000000001f-000000000000002a-01;10'
 >>> parent_context(note).span_id == 0x2A, budget_of(note), budget_of(annotation(ctx, budget=None))
 (True, 10, None)
->>> parent_context("garbage") is None
-True
+>>> parent_context("garbage") is None, budget_of(note.partition(";")[0] + ";" + "9" * 5000)
+(True, None)
 >>> budget_of({"traceparent": note.partition(";")[0], "budget": 3})  # an earlier client's dict
 3
 """
@@ -64,7 +64,8 @@ def traceparent_of(note: Any) -> str | None:
 def budget_of(note: Any) -> int | None:
     """Task spans a worker may emit for the compute; None for unlimited (or unreadable)."""
     budget = _parts(note)[1]
-    if isinstance(budget, str) and budget.isdigit() and budget.isascii():
+    # Bounded: int() refuses a decimal string of over 4,300 digits (a ValueError here).
+    if isinstance(budget, str) and budget.isdigit() and budget.isascii() and len(budget) <= 18:
         budget = int(budget)
     return budget if isinstance(budget, int) and budget >= 0 else None
 
