@@ -162,6 +162,30 @@ def test_uninstrument_right_after_a_compute_keeps_its_task_spans(telemetry, clie
     assert len(tasks) == 10
 
 
+def test_a_drain_while_uninstrumenting_keeps_what_the_workers_recorded(telemetry, client, monkeypatch):
+    """A worker's periodic drain can fall after uninstrument() ended the process's
+    instrumentation and before it closed the workers' telemetry (it once dropped the
+    compute's task spans there, a rare failure of the test above). Forced here."""
+    from otel_graph.cluster import worker
+    from otel_graph.cluster.client import ClusterCapture
+
+    uninstall = ClusterCapture.uninstall
+
+    def drain_then_uninstall(self: ClusterCapture, *args: object, **kwargs: object) -> None:
+        for recorded in list(worker._ProcessTelemetry.by_worker.values()):
+            assert recorded.flush(10, export=False)  # the drain: nothing live, not closing yet
+        uninstall(self, *args, **kwargs)
+
+    monkeypatch.setattr(ClusterCapture, "uninstall", drain_then_uninstall)
+    graph = {f"inc-{i}": (inc, i) for i in range(10)}
+    client.get(graph, list(graph))
+    telemetry.handle.uninstrument()
+    (root,) = [s for s in telemetry.exporter.get_finished_spans() if s.name == "dask.compute"]
+    tasks = [s for s in telemetry.exporter.get_finished_spans() if s.parent is not None
+             and s.parent.span_id == root.context.span_id and "dask.task.prefix" in s.attributes]
+    assert len(tasks) == 10
+
+
 def test_uninstrument_restores_the_client_class_and_the_cluster_exactly(telemetry, client, cluster):
     def plugged() -> dict:
         return client.run(lambda dask_worker: "otel-graph" in dask_worker.plugins)

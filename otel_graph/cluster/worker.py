@@ -200,18 +200,21 @@ class WorkerTelemetry:
                 self._completed = target
                 self._wake.notify_all()
 
-    def _follow_live(self) -> bool:
-        """In-process: use the live instrumentation's providers; False when there is none."""
+    def _follow_live(self) -> None:
+        """In-process: use the live instrumentation's providers.
+
+        With none live, ``uninstrument()`` is under way: it closes this telemetry next
+        (``close_in_process``), and what was recorded goes out through the providers it
+        was recorded under, which it flushes last. (Dropping it here, as once, lost a
+        compute's task spans when a drain fell between the two.)
+        """
         from otel_graph.instrumentation import live_providers
 
         live = live_providers()
-        if live is None:
-            return self._closing
-        if live is not self._providers:
+        if live is not None and live is not self._providers:
             self._settle_all()  # what was planned under the old providers goes out through them
             self._providers, self._emitter = live, live.emitter
             self._metrics = live.instruments.task_metrics
-        return True
 
     def _settle_all(self) -> None:
         for state in self._traces.values():
@@ -222,8 +225,8 @@ class WorkerTelemetry:
         count = len(self._pending)
         events = self._pending[:count]
         del self._pending[:count]  # appends from the event loop land after `count`
-        if self._in_process and not self._follow_live():
-            return  # the process was uninstrumented: its workers' tasks are not ours to report
+        if self._in_process:
+            self._follow_live()
         now = time.monotonic()
         if events:
             prefixes = [task_prefix(ev.key) for ev in events]
