@@ -7,6 +7,7 @@ readable and bounded in size. Conversions are fuzzed with Hypothesis.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from otlp_receiver import OtlpReceiver
 
-from otel_graph.events import MAX_KEY_CHARS, MAX_MESSAGE_CHARS, MAX_STACK_CHARS, describe_exception, key_to_str, \
-    safe_text, task_prefix
+from otel_graph.events import MAX_KEY_CHARS, MAX_MESSAGE_CHARS, MAX_PREFIX_CHARS, MAX_STACK_CHARS, \
+    describe_exception, key_to_str, safe_text, task_prefix
 
 APPS = Path(__file__).parent / "apps"
 
@@ -93,6 +94,60 @@ def test_metrics_survive_the_same_input(hostile_run):
     _, _, metrics = hostile_run
     prefixes = {p["attributes"].get("dask.task.prefix") for p in metrics if p["name"] == "dask.task.duration"}
     assert {"surrogate", "fail", "wide", "part"} <= prefixes
+
+
+# -- the same on dask.distributed -----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def hostile_cluster_runs():
+    """``apps/hostile_cluster.py`` run plain, then instrumented against a real receiver."""
+    with OtlpReceiver() as receiver:
+        env = subprocess_env(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.grpc_endpoint, OTEL_SERVICE_NAME="hostile",
+                             OTEL_GRAPH_RESOURCES="false", PYTHONIOENCODING="utf-8",
+                             OTEL_GRAPH_MAX_TASK_SPANS="unlimited")
+        env["PYTHONPATH"] = os.pathsep.join([str(APPS), env["PYTHONPATH"]])  # the app imports hostile.py
+        runs = [subprocess.run([sys.executable, str(APPS / "hostile_cluster.py"), *args], env=env,
+                               capture_output=True, text=True, timeout=300) for args in (["--plain"], [])]
+        for proc in runs:
+            assert proc.returncode == 0, proc.stderr[-3000:]
+        yield runs, receiver.spans()
+
+
+def test_on_a_cluster_the_computation_is_unharmed_and_nothing_of_ours_is_printed(hostile_cluster_runs):
+    (plain, traced), _ = hostile_cluster_runs
+    for label in ("RESULT", "RAISED", "STORM"):
+        assert line(traced, label) == line(plain, label)
+    assert line(traced, "RESULT") == "3 Wéird-ключ Raises 4 49995000" and line(traced, "STORM") == "200"
+    # distributed logs each failure with its traceback, in both runs; none of ours is among them.
+    assert f"{os.sep}otel_graph{os.sep}" not in traced.stderr, traced.stderr[-3000:]
+    ours = [text for text in traced.stderr.splitlines() if "otel_graph" in text]
+    assert len(ours) == 2, ours
+    assert "cannot take a span" in ours[0] and "1 spans and 0 metric points were not delivered" in ours[1]
+    flushed = line(traced, "FLUSHED")
+    assert flushed.startswith("True ") and "'spans_undelivered': 1," in flushed, flushed
+    assert "'worker_processes': 2" in flushed
+
+
+def test_on_a_cluster_every_span_arrives_readable_and_bounded(hostile_cluster_runs):
+    _, spans = hostile_cluster_runs
+    tasks = [s for s in spans if "dask.task.prefix" in s["attributes"]]  # phase spans carry the key too
+    by_key = {s["attributes"]["dask.task.key"]: s for s in tasks}
+    long_key = [k for k in by_key if k.startswith("kkkk")]
+    assert len(long_key) == 1 and len(long_key[0]) < MAX_KEY_CHARS + 64
+    assert len(by_key[long_key[0]]["name"]) < MAX_PREFIX_CHARS + 64
+    deep = [k for k in by_key if k.startswith("((((")]
+    assert len(deep) == 1 and {"('ключ-🔑', 1)", "7", "raises", "user", "wide", "fail-1"} <= set(by_key)
+    assert by_key["7"]["attributes"]["dask.task.type"] == "Wéird-ключ"
+    wide = by_key["wide"]["attributes"]
+    assert wide["dask.task.dependency_count"] == 10_000 and len(wide["dask.task.dependencies"]) == 32
+    (event,) = [e for e in by_key["fail-1"]["events"] if e["name"] == "exception"]
+    # distributed shortens a long error itself ('Long error message', ...): what it reports is shown.
+    assert "bad \\udcff input xxx" in event["attributes"]["exception.message"]
+    assert len(event["attributes"]["exception.message"]) < MAX_MESSAGE_CHARS + 64
+    assert len(event["attributes"]["exception.stacktrace"]) < MAX_STACK_CHARS + 64
+    storm = [s for s in spans if s["name"] == "storm"]
+    assert len(storm) == 200 and all(s["status_code"] == 2 for s in storm)
+    parts = {k for k in by_key if k.startswith("('part', ")}
+    assert len(parts) == 10_000, "every task of the wide graph has its span"
 
 
 # -- fuzzing the conversions -----------------------------------------------------------------------

@@ -270,8 +270,8 @@ class WorkerTelemetry:
         return state
 
     def _task_span(self, parent: trace.Span, run: adapter.TaskRun, prefix: str) -> None:
-        context = self._emitter.emit(parent=parent, name=self._metrics.span_name(prefix), start_ns=run.start_ns, end_ns=run.end_ns,
-                                     attributes=self._attributes(run, prefix), error=run.error)
+        context = self._emitter.emit(parent=parent, name=self._metrics.span_name(prefix), start_ns=run.start_ns,
+                                     end_ns=run.end_ns, attributes=self._attributes(run, prefix), error=run.error)
         if run.phases and context is not None:
             task = trace.NonRecordingSpan(context)
             for phase in run.phases:
@@ -287,8 +287,8 @@ class WorkerTelemetry:
         self.tasks_aggregated += agg.count
         attributes = aggregate_attributes(agg)
         attributes["dask.worker.id"] = self.address
-        self._emitter.emit(parent=parent, name=self._metrics.span_name(agg.prefix), start_ns=agg.start_ns, end_ns=agg.end_ns,
-                           attributes=attributes)
+        self._emitter.emit(parent=parent, name=self._metrics.span_name(agg.prefix), start_ns=agg.start_ns,
+                           end_ns=agg.end_ns, attributes=attributes)
 
     def _attributes(self, run: adapter.TaskRun, prefix: str) -> dict[str, Any]:
         attributes = run_attributes(run, prefix)  # run.worker is this worker's address
