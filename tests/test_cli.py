@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import stat
 import subprocess
 import sys
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
 from conftest import subprocess_env
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from otel_graph.analysis import critical_path, group_computes
 from otel_graph.otlp_read import TelemetryFile
@@ -267,3 +271,56 @@ def test_run_behaves_like_python(tmp_path):
     script.write_text("import sys\nsys.exit('fatal: bad config')\n")
     run = cli("run", str(script))
     assert run.returncode == 1 and "fatal: bad config" in run.stderr
+
+
+# -- fuzzing the reader and the analyses --------------------------------------------------------------
+_KEYS = ("a", "b", "c", "d", "e")
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=12),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3),
+    max_leaves=8,
+)
+
+
+def _places(node: object) -> list[tuple[object, object]]:
+    """Every (container, key or index) of a JSON document, to replace what is there."""
+    found: list[tuple[object, object]] = []
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, child in items:
+        found.append((node, key))
+        found.extend(_places(child))
+    return found
+
+
+@st.composite
+def _telemetry_lines(draw: st.DrawFn) -> str:
+    """A compute of up to five tasks whose dependencies may form cycles, times that may run
+    backwards, and then up to three values anywhere replaced by any JSON."""
+    count = draw(st.integers(1, 5))
+    tasks = [_hand_span(f"{i + 1:016x}", _KEYS[i], draw(st.integers(0, 100)), draw(st.integers(0, 100)),
+                        parent="00" * 8, attributes={
+                            "dask.task.key": _KEYS[i], "dask.task.prefix": _KEYS[i],
+                            "dask.task.dependencies": draw(st.lists(st.sampled_from(_KEYS[:count]), max_size=3)),
+                            "dask.task.dependency_count": draw(st.integers(0, 4))})
+             for i in range(count)]
+    document = json.loads(_otlp_line([_hand_span("00" * 8, "dask.compute", 0, 100,
+                                                 attributes={"dask.graph.tasks": count}), *tasks]))
+    for _ in range(draw(st.integers(0, 3))):
+        container, key = draw(st.sampled_from(_places(document)))
+        container[key] = draw(_json)  # type: ignore[index]
+    return json.dumps(document)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(line=_telemetry_lines())
+def test_any_telemetry_file_is_reported_or_refused_in_one_line(tmp_path, line):
+    from otel_graph.cli import main
+
+    path = tmp_path / "fuzz.jsonl"
+    path.write_text(line + "\n")
+    for args in (["report", str(path)], ["export", "--chrome", str(path), "-o", str(tmp_path / "out.json")]):
+        out, err = io.StringIO(), io.StringIO()
+        with redirect_stdout(out), redirect_stderr(err):
+            code = main(args)  # anything raised here fails the test
+        said = err.getvalue().strip().splitlines()
+        assert code == 0 or (code == 2 and len(said) == 1 and said[0].startswith("otel-graph: ")), (code, said)
