@@ -188,3 +188,26 @@ def test_safe_text_keeps_what_utf8_can_carry(text):
         safe_text(text).encode("utf-8")
     else:
         assert safe_text(text) == text
+
+
+annotations = st.one_of(
+    st.from_regex(r"\A[0-9a-fA-F-]{0,60}(;[0-9+-]{0,30})?\Z"),  # near-traceparents
+    st.integers(0, 5000).map(lambda digits: f"00-{'1' * 32}-{'2' * 16}-01;{'9' * digits}"),  # budgets of any length
+    st.text(), st.none(), st.integers(), st.binary(),
+    st.dictionaries(st.sampled_from(["traceparent", "budget", "other"]),
+                    st.one_of(st.text(), st.integers(), st.none(), st.lists(st.integers()))),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(annotations)
+def test_any_task_annotation_is_read_or_ignored(note):
+    # A worker reads the compute's context from each task's annotation, which a user could
+    # also set: whatever it holds, reading it never raises.
+    from otel_graph.cluster.propagation import budget_of, parent_context, traceparent_of
+
+    context = parent_context(note)
+    assert context is None or (context.trace_id and context.span_id and context.is_remote)
+    budget = budget_of(note)
+    assert budget is None or (isinstance(budget, int) and budget >= 0)
+    assert traceparent_of(note) is None or isinstance(traceparent_of(note), str)
