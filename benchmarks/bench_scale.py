@@ -15,7 +15,7 @@ metric points). Workloads:
   scheduler) and, separately, the sum of every worker and nanny process's peak (VmHWM).
 * ``loop-sync`` / ``loop-threads``: ``--tasks / 100`` computes of 5 tasks each (keys
   tokenized per compute, as collections make them); RSS and thread counts at a tenth of
-  the loop and at its end, and otel_graph's per-compute tables after it.
+  the loop, halfway and at its end (memory that levels off shows in the second half), and otel_graph's per-compute tables after it.
 
 For each instrumented run the receiver checks, per ``dask.compute`` root: task spans +
 sum of ``dask.task.count`` on aggregate spans == ``dask.graph.tasks`` == the graph's
@@ -200,7 +200,7 @@ def child_loop(computes: int, on: bool, scheduler: str) -> dict:
         graph[f"add-{token}"] = (sum, list(graph))
         graph[f"final-{token}"] = (add, f"add-{token}", 1)
         assert get(graph, f"final-{token}") == 4
-        if i in (computes // 10, computes):
+        if i in (computes // 10, computes // 2, computes):  # a level second half: no growth
             gc.collect()
             samples[i] = {"rss_mb": rss_mb(), "threads": threading.active_count(), "os_threads": me.num_threads(),
                           "computes not yet settled": len(handle._tracker._records) if handle else 0}

@@ -19,6 +19,7 @@ result: those may hold secrets and are never recorded.
 
 from __future__ import annotations
 
+import functools
 import traceback
 from typing import Any, NamedTuple
 
@@ -26,6 +27,10 @@ from dask.utils import key_split
 
 # Uncached, for keys that run once: see task_prefix.
 _split = getattr(key_split, "__wrapped__", key_split)
+# For the names of tuple keys, which many keys of a graph share. Not dask's own cache of
+# 100,000: a name lives for one compute, and a loop of computes would fill that with ours
+# (~0.4 kB a name; +8 MB every 20,000 computes, measured by bench_scale's loop-sync).
+_split_name = functools.lru_cache(maxsize=4096)(_split)
 
 #: Longest key string kept; longer keys are cut and marked, so a pathological key
 #: cannot blow up every span and log line it appears in.
@@ -123,13 +128,13 @@ def task_prefix(key: Any) -> str:
     >>> task_prefix(b"\\xff-raw")
     'Other'
     """
-    # dask's key_split caches by the whole key. A collection's tuple keys share their name,
-    # which hits the cache (0.05 us); a string key mostly runs once (delayed's 'inc-<uuid>'),
-    # and a miss costs twice an uncached split (0.53 against 0.24 us), and 10^5 one-off keys
-    # held in the cache are ~18 MB a loop of small computes grows by (tests/test_scale.py).
+    # A collection's tuple keys share their name, which hits a cache (0.05 us); a string key
+    # mostly runs once (delayed's 'inc-<uuid>'), and a miss costs twice an uncached split
+    # (0.53 against 0.24 us), and 10^5 one-off keys held in a cache are ~18 MB a loop of
+    # small computes grows by (tests/test_scale.py).
     split = _split
     while type(key) is tuple and key:
-        key, split = key[0], key_split
+        key, split = key[0], _split_name
     try:
         prefix = split(key)
     except Exception:
