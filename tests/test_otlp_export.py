@@ -145,13 +145,14 @@ def test_a_failing_compute_exports_its_error(receiver):
     assert errors and errors[-1]["count"] == 1
 
 
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
 @pytest.mark.parametrize("state", ["down", "hung", "failing"])
-def test_a_broken_collector_never_hurts_the_computation(state):
+def test_a_broken_collector_never_hurts_the_computation(state, protocol):
     with OtlpReceiver(hang=state == "hung", fail=state == "failing") as broken:
-        endpoint = broken.grpc_endpoint
+        endpoint = broken.grpc_endpoint if protocol == "grpc" else broken.http_endpoint
         if state == "down":
             broken.stop()  # nothing listens there any more
-        run = run_app("--tasks", "200", env=otlp_env(endpoint, "grpc", OTEL_METRIC_EXPORT_INTERVAL="200"))
+        run = run_app("--tasks", "200", env=otlp_env(endpoint, protocol, OTEL_METRIC_EXPORT_INTERVAL="200"))
         assert run.returncode == 0, run.stderr
         assert run.value("RESULT") == str(sum(range(1, 201)))
         assert run.exit_latency_s < 2.0, run.exit_latency_s
