@@ -37,7 +37,7 @@ from otel_graph.config import ConfigurationError, Settings, exit_timeout, load_s
 from otel_graph.local import LocalCapture
 from otel_graph.metrics import TaskMetrics, observe_delivery, observe_memory
 from otel_graph.resources import Switch
-from otel_graph.sdk import OwnedSdk, build_sdk
+from otel_graph.sdk import UNREACHABLE_GRACE_S, OwnedSdk, build_sdk
 from otel_graph.spans import ApiEmitter, DirectEmitter
 from otel_graph.tracker import Tracker
 
@@ -293,16 +293,15 @@ class Instrumentation:
         if self._cluster is not None:
             self._cluster.uninstall(detach=False)  # the cluster may be gone; workers flush themselves
         owned = self._owned
-        processor = owned.span_processor if owned is not None else None
-        # With the collector down or hung, building the last spans only delays the exit:
-        # they are counted as not delivered instead.
-        healthy = processor is None or processor.healthy
-        if not healthy:  # it may be back: ask it once, now, rather than trust the last failure
-            healthy = processor.probe(timeout_s=min(0.5, timeout / 2))
-        unbuilt = self._tracker.stop(left(), drain=healthy)
+        # With the collector down or hung (it may be back: asked once, now, rather than
+        # trusting the last export), building the last spans only delays the exit: they
+        # are counted as not delivered instead; and a collector that refused gets only a
+        # moment more (see OwnedSdk.exit_budget).
+        answers = True if owned is None else owned.collector_answers(min(0.5, timeout / 2))
+        unbuilt = self._tracker.stop(left(), drain=answers is True)
         if owned is not None:
             # Readings stay on until the final collection, so short scripts report them too.
-            _report_undelivered(owned, left(), unbuilt)
+            _report_undelivered(owned, min(left(), UNREACHABLE_GRACE_S) if answers is False else left(), unbuilt)
         self._instruments.readings.stop()
 
 
@@ -405,5 +404,5 @@ def _exit() -> None:
     handle = _Process.live
     if handle is not None:
         handle._at_exit()
-    elif _Process.owned is not None:
-        _report_undelivered(_Process.owned, exit_timeout())
+    elif _Process.owned is not None:  # a cluster process's own SDK
+        _report_undelivered(_Process.owned, _Process.owned.exit_budget(exit_timeout()))

@@ -151,17 +151,23 @@ class ReliableSpanProcessor(SpanProcessor):
         return len(self._queue) + self._inflight
 
     @property
+    def stuck(self) -> bool:
+        """An export has been out for over a second (a hung collector holds it to its timeout)."""
+        return bool(self._inflight) and time.monotonic() - self._inflight_since > 1.0
+
+    @property
     def healthy(self) -> bool:
         """The last export went through, and none has been stuck for over a second."""
-        stuck = self._inflight and time.monotonic() - self._inflight_since > 1.0
-        return self._last_ok and not stuck
+        return self._last_ok and not self.stuck
 
-    def probe(self, *, timeout_s: float) -> bool:
-        """At exit: try the collector now, backoffs cut short; True if it took a batch.
+    def probe(self, *, timeout_s: float) -> bool | None:
+        """At exit: try the collector now, backoffs cut short; did it take a batch?
 
         A collector back up just before exit would otherwise find this processor asleep
         in its backoff (and the exporter in its own), and exit would count as lost what
-        it could have delivered. False when nothing is queued to try it with.
+        it could have delivered. True or False by an export tried after the call (or,
+        with nothing queued to try, by the last one); None when none ended in
+        ``timeout_s``: a hung collector, or a slow one.
         """
         asked = time.monotonic()
         self._hurry()
@@ -169,7 +175,9 @@ class ReliableSpanProcessor(SpanProcessor):
             self._cond.wait_for(lambda: self._last_began >= asked or self._stopped
                                 or not (self._queue or self._inflight), timeout_s)
             # A slow batch that went through while we waited, leaving nothing to try, counts.
-            return self._last_ok and (self._last_began >= asked or not (self._queue or self._inflight))
+            if self._last_began >= asked or not (self._queue or self._inflight):
+                return self._last_ok
+            return None
 
     def _hurry(self) -> None:
         # Exit is near: retry at once, never sleep out a backoff, ours or the exporter's.

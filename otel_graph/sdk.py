@@ -134,6 +134,10 @@ class PortInUse(ConfigurationError):
     """The Prometheus pull endpoint's port cannot be had (cluster processes try the next)."""
 
 
+#: What exit still gives a collector that just failed again: one more round of retries.
+UNREACHABLE_GRACE_S = 0.2
+
+
 @dataclass
 class OwnedSdk:
     """Providers otel_graph built and therefore shuts down, with their delivery counters."""
@@ -143,6 +147,8 @@ class OwnedSdk:
     span_processor: ReliableSpanProcessor | None = None
     metric_exporter: CountingMetricExporter | None = None
     histograms: HistogramSet | None = None
+    #: (host, port) the OTLP span exporter sends to, if over TCP: asked at exit (endpoint.py).
+    collector: tuple[str, int] | None = None
 
     def stats(self) -> dict[str, int]:
         spans, points = self.span_processor, self.metric_exporter
@@ -180,6 +186,48 @@ class OwnedSdk:
             thread.join(max(0.0, timeout_s - (time.monotonic() - started)))
             ok = ok and metrics_done == [True]
         return bool(ok)
+
+    def collector_answers(self, timeout_s: float) -> bool | None:
+        """At exit: True if the collector takes spans now, False if it is down or hung, else None.
+
+        Asked, not read from the last export (before its first export a processor looks
+        healthy, and a collector that failed it may be back): with what is queued
+        (``ReliableSpanProcessor.probe``, backoffs cut short), and, when that does not
+        go through, with a TCP connection (``endpoint.listening``). Refused there: down.
+        An export still out for over a second once retry waits are cut short: hung. A
+        failed export alone says neither: the exporter's channel may just not have
+        reconnected to a collector back a moment ago.
+        """
+        processor = self.span_processor
+        if processor is None:
+            return True
+        if processor.healthy and not processor.pending:
+            return True
+        # The first, short wait lets an export asleep in the exporter's retry backoff end.
+        answer = processor.probe(timeout_s=min(timeout_s, 0.1))
+        if answer is None:
+            if processor.stuck:
+                return False  # held by the collector itself: no try can end before this one does
+            answer = processor.probe(timeout_s=timeout_s)
+        if answer:
+            return True
+        if self.collector is not None:
+            from otel_graph.endpoint import listening
+
+            if listening(self.collector, timeout_s=min(timeout_s, 0.2)) is False:
+                return False
+        return None
+
+    def exit_budget(self, timeout_s: float) -> float:
+        """How long exit may wait on the collector: ``timeout_s``, or a moment if it is down or hung.
+
+        Waiting out the whole window for such a collector only delays the exit, and on a
+        cluster once per process, one after another (a worker's teardown, its exit, the
+        client's exit): 3.3 s after the last compute with the collector down, where 2 s
+        is the bar.
+        """
+        answers = self.collector_answers(min(0.5, timeout_s / 2))
+        return min(timeout_s, UNREACHABLE_GRACE_S) if answers is False else timeout_s
 
     def deliver_at_exit(self, *, timeout_s: float) -> None:
         """Deliver what is left; give up after ``timeout_s`` without progress, counting the rest.
@@ -234,6 +282,10 @@ def build_sdk(settings: Settings, *, traces: bool, metrics: bool, scope: Instrum
     if traces:
         provider = TracerProvider(resource=resource, shutdown_on_exit=False)
         exporter = _span_exporter(settings)
+        if settings.traces_exporter == "otlp":
+            from otel_graph.endpoint import collector_address
+
+            owned.collector = collector_address(otlp_protocol("traces"))
         if exporter is not None:
             owned.span_processor = ReliableSpanProcessor(exporter, max_queued=settings.max_queued_spans)
             provider.add_span_processor(owned.span_processor)

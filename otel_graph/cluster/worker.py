@@ -177,7 +177,12 @@ class WorkerTelemetry:
         # What was recorded while instrumented goes out through the providers it was
         # recorded for, even if the process's instrumentation ended meanwhile.
         self._closing = True
-        self.flush(timeout_s, export=export)
+        deadline = time.monotonic() + timeout_s
+        self.flush(timeout_s, export=False)  # every record becomes spans, queued for export
+        owned = self._providers.owned
+        # A collector that refuses them now gets no more of this teardown: the exit counts them.
+        if export and owned is not None and owned.collector_answers(min(0.5, timeout_s / 2)) is not False:
+            owned.flush(max(0.1, deadline - time.monotonic()))
         with self._wake:
             self._stopping = True
             self._wake.notify_all()
