@@ -386,9 +386,15 @@ class CountingMetricExporter(MetricExporter):
         self.exported = 0
         self.undelivered = 0
         self.inflight = 0
+        self._try_began = 0.0
         self._lock = threading.Lock()
         self._given_up = False
         self._hurried = False
+
+    @property
+    def stuck(self) -> bool:
+        """A try of an export has been out for over a second (a hung collector holds it)."""
+        return bool(self.inflight) and time.monotonic() - self._try_began > 1.0
 
     def hurry(self) -> None:
         """At exit: no more sleeping between retries, and a failed export is tried once more at once.
@@ -444,6 +450,7 @@ class CountingMetricExporter(MetricExporter):
         return result
 
     def _export(self, metrics_data: MetricsData, timeout_millis: float, **kwargs: Any) -> MetricExportResult:
+        self._try_began = time.monotonic()
         try:
             return self._inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
         except Exception:

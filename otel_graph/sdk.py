@@ -135,7 +135,7 @@ class PortInUse(ConfigurationError):
 
 
 #: What exit still gives a collector that just failed again: one more round of retries.
-UNREACHABLE_GRACE_S = 0.2
+UNREACHABLE_GRACE_S = 0.1
 
 
 @dataclass
@@ -194,21 +194,31 @@ class OwnedSdk:
         healthy, and a collector that failed it may be back): with what is queued
         (``ReliableSpanProcessor.probe``, backoffs cut short), and, when that does not
         go through, with a TCP connection (``endpoint.listening``). Refused there: down.
-        An export still out for over a second once retry waits are cut short: hung. A
-        failed export alone says neither: the exporter's channel may just not have
-        reconnected to a collector back a moment ago.
+        An export (of spans or metrics) still out for over a second once retry waits are
+        cut short: hung. A failed export alone says neither: the exporter's channel may
+        just not have reconnected to a collector back a moment ago.
         """
-        processor = self.span_processor
-        if processor is None:
-            return True
-        if processor.healthy and not processor.pending:
-            return True
-        # The first, short wait lets an export asleep in the exporter's retry backoff end.
-        answer = processor.probe(timeout_s=min(timeout_s, 0.1))
+        metrics, processor = self.metric_exporter, self.span_processor
+        if metrics is not None:
+            metrics.hurry()  # a metric export asleep in its retry backoff ends now
+
+        def hung() -> bool:  # an export held by the collector itself, past its cut retry waits
+            return (processor is not None and processor.stuck) or (metrics is not None and metrics.stuck)
+
+        spans_asked = processor is not None and not (processor.healthy and not processor.pending)
+        # The first, short wait lets an export asleep in an exporter's retry backoff end.
+        if spans_asked:
+            answer = processor.probe(timeout_s=min(timeout_s, 0.05))
+        else:
+            answer = True
+            if metrics is not None and metrics.inflight:
+                time.sleep(0.05)
+        if hung():
+            return False
         if answer is None:
-            if processor.stuck:
-                return False  # held by the collector itself: no try can end before this one does
             answer = processor.probe(timeout_s=timeout_s)
+            if hung():
+                return False
         if answer:
             return True
         if self.collector is not None:

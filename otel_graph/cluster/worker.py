@@ -180,8 +180,11 @@ class WorkerTelemetry:
         deadline = time.monotonic() + timeout_s
         self.flush(timeout_s, export=False)  # every record becomes spans, queued for export
         owned = self._providers.owned
-        # A collector that refuses them now gets no more of this teardown: the exit counts them.
-        if export and owned is not None and owned.collector_answers(min(0.5, timeout_s / 2)) is not False:
+        # A collector that is down or hung gets no more of this teardown: the spans stay
+        # queued for the process's exit, which follows and asks again (waiting here too
+        # made the waits add up). Without a verdict (slow, or hung for under a second),
+        # the flush waits: that also tells the exit a hung one from a slow one.
+        if export and owned is not None and owned.collector_answers(min(0.2, timeout_s / 4)) is not False:
             owned.flush(max(0.1, deadline - time.monotonic()))
         with self._wake:
             self._stopping = True
