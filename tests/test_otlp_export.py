@@ -269,3 +269,22 @@ def test_under_opentelemetry_instrument_without_code_change(receiver):
     spans = receiver.spans()
     assert len([s for s in spans if s["name"] == "inc"]) == 7
     assert {s["resource"]["service.name"] for s in spans} == {"etl-test"}
+
+
+def test_exit_tells_a_collector_that_is_down_from_one_that_listens():
+    # otel_graph.endpoint: what exit asks when an export fails (OwnedSdk.collector_answers).
+    import socket
+
+    from otel_graph.endpoint import collector_address, listening
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        address = server.getsockname()
+        assert collector_address("grpc", {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{address[1]}"}) == address
+        assert listening(address, timeout_s=2) is True
+    assert listening(address, timeout_s=2) is False, "closed: refused, so exit need not wait for it"
+    # A name that cannot be resolved here is no verdict, and never holds exit past the timeout.
+    started = time.monotonic()
+    assert listening(("otel-collector.invalid", 4317), timeout_s=0.2) is None
+    assert time.monotonic() - started < 1.0
