@@ -37,7 +37,7 @@ from otel_graph.config import ConfigurationError, Settings, exit_timeout, load_s
 from otel_graph.local import LocalCapture
 from otel_graph.metrics import TaskMetrics, observe_delivery, observe_memory
 from otel_graph.resources import Switch
-from otel_graph.sdk import UNREACHABLE_GRACE_S, OwnedSdk, build_sdk
+from otel_graph.sdk import OwnedSdk, build_sdk, exit_window
 from otel_graph.spans import ApiEmitter, DirectEmitter
 from otel_graph.tracker import Tracker
 
@@ -295,13 +295,13 @@ class Instrumentation:
         owned = self._owned
         # With the collector down or hung (it may be back: asked once, now, rather than
         # trusting the last export), building the last spans only delays the exit: they
-        # are counted as not delivered instead; and a collector that refused gets only a
-        # moment more (see OwnedSdk.exit_budget).
+        # are counted as not delivered instead; and one that cannot answer gets only a
+        # moment more (exit_window).
         answers = True if owned is None else owned.collector_answers(min(0.5, timeout / 2))
         unbuilt = self._tracker.stop(left(), drain=answers is True)
         if owned is not None:
             # Readings stay on until the final collection, so short scripts report them too.
-            _report_undelivered(owned, min(left(), UNREACHABLE_GRACE_S) if answers is False else left(), unbuilt)
+            _report_undelivered(owned, exit_window(answers, left()), unbuilt)
         self._instruments.readings.stop()
 
 

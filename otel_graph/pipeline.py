@@ -54,6 +54,9 @@ from otel_graph.histograms import HistogramSet
 logger = logging.getLogger("otel_graph")
 
 MAX_BACKOFF_S = 5.0
+#: An export out this long is held by the collector (hung), not just slow: exports take
+#: milliseconds, and a hung collector holds one to its timeout (10 s by default).
+STUCK_AFTER_S = 1.0
 #: Event text (exception messages and stack traces) per export request at most, well
 #: under gRPC's and the collector's 4 MB default request limit.
 MAX_EVENT_BYTES = 2_500_000
@@ -153,7 +156,7 @@ class ReliableSpanProcessor(SpanProcessor):
     @property
     def stuck(self) -> bool:
         """An export has been out for over a second (a hung collector holds it to its timeout)."""
-        return bool(self._inflight) and time.monotonic() - self._inflight_since > 1.0
+        return bool(self._inflight) and time.monotonic() - self._inflight_since > STUCK_AFTER_S
 
     @property
     def healthy(self) -> bool:
@@ -394,7 +397,7 @@ class CountingMetricExporter(MetricExporter):
     @property
     def stuck(self) -> bool:
         """A try of an export has been out for over a second (a hung collector holds it)."""
-        return bool(self.inflight) and time.monotonic() - self._try_began > 1.0
+        return bool(self.inflight) and time.monotonic() - self._try_began > STUCK_AFTER_S
 
     def hurry(self) -> None:
         """At exit: no more sleeping between retries, and a failed export is tried once more at once.

@@ -138,6 +138,17 @@ class PortInUse(ConfigurationError):
 UNREACHABLE_GRACE_S = 0.1
 
 
+def exit_window(answers: bool | None, timeout_s: float) -> float:
+    """How long exit may wait on the collector: ``timeout_s``, or a moment if it is down or hung.
+
+    ``answers`` is :meth:`OwnedSdk.collector_answers`'s. Waiting out the whole window for
+    a collector that cannot answer only delays the exit, and on a cluster once per
+    process, one after another (a worker's teardown, its exit, the client's exit): 3.3 s
+    after the last compute with the collector down, where 2 s is the bar.
+    """
+    return min(timeout_s, UNREACHABLE_GRACE_S) if answers is False else timeout_s
+
+
 @dataclass
 class OwnedSdk:
     """Providers otel_graph built and therefore shuts down, with their delivery counters."""
@@ -229,15 +240,8 @@ class OwnedSdk:
         return None
 
     def exit_budget(self, timeout_s: float) -> float:
-        """How long exit may wait on the collector: ``timeout_s``, or a moment if it is down or hung.
-
-        Waiting out the whole window for such a collector only delays the exit, and on a
-        cluster once per process, one after another (a worker's teardown, its exit, the
-        client's exit): 3.3 s after the last compute with the collector down, where 2 s
-        is the bar.
-        """
-        answers = self.collector_answers(min(0.5, timeout_s / 2))
-        return min(timeout_s, UNREACHABLE_GRACE_S) if answers is False else timeout_s
+        """:func:`exit_window` for the collector's answer now."""
+        return exit_window(self.collector_answers(min(0.5, timeout_s / 2)), timeout_s)
 
     def deliver_at_exit(self, *, timeout_s: float) -> None:
         """Deliver what is left; give up after ``timeout_s`` without progress, counting the rest.
