@@ -114,6 +114,10 @@ class TaskMetrics:
         """
         return prefix if prefix in self._prefixes else OTHER_PREFIXES
 
+    def admitted_name(self, prefix: str) -> str:
+        """:meth:`span_name`, for a span of tasks this process never recorded (it admits ``prefix``)."""
+        return prefix if prefix in self._prefixes or self._admit(prefix) is not None else OTHER_PREFIXES
+
     def _task_attributes(self, prefix: str | None, scheduler: str, failed: bool) -> tuple[tuple[str, Any], ...]:
         attributes = self._attributes.get((prefix, scheduler, failed))
         if attributes is None:
@@ -208,3 +212,6 @@ def observe_delivery(meter: Meter, stats: Callable[[], dict[str, Any]]) -> None:
             "points_undelivered")
     counter("dask.task.aggregated", "tasks_aggregated", "{task}",
             "Tasks past the span budget, represented by aggregate spans.", None)
+    counter("dask.task.recovered", "tasks_recovered", "{task}",
+            "Tasks whose spans a lost worker took with it, represented by spans from the scheduler's count.",
+            None)

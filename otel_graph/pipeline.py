@@ -36,6 +36,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry.sdk.metrics import Histogram as HistogramInstrument
@@ -122,6 +123,9 @@ class ReliableSpanProcessor(SpanProcessor):
         self.dropped = 0
         self.failed_attempts = 0
         self.undelivered = 0
+        #: Called from the export thread with each batch the collector took (a distributed
+        #: worker reports what it delivered to the scheduler: :mod:`otel_graph.cluster.ledger`).
+        self.on_delivered: Callable[[list[ReadableSpan]], None] | None = None
         self._thread = threading.Thread(target=self._run, name="otel-graph-spans", daemon=True)
         self._thread.start()
 
@@ -350,6 +354,11 @@ class ReliableSpanProcessor(SpanProcessor):
         """
         outcome = self._export(batch)
         if outcome is True:
+            if self.on_delivered is not None:
+                try:
+                    self.on_delivered(batch)
+                except Exception:
+                    logger.debug("otel_graph: counting delivered spans failed", exc_info=True)
             return len(batch), [], 0
         if outcome is False:
             return 0, batch, 0

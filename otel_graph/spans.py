@@ -171,6 +171,19 @@ def aggregate_attributes(agg: Aggregate) -> dict[str, Any]:
     }
 
 
+def recovered_attributes(*, prefix: str, count: int, duration_s: float, worker: str) -> dict[str, Any]:
+    """Tasks whose telemetry their worker took with it, as the scheduler counted them."""
+    return {
+        "dask.task.prefix": prefix,
+        "dask.task.count": count,
+        "dask.task.aggregate": True,
+        "dask.task.recovered": True,
+        "dask.task.duration.sum": duration_s,
+        "dask.task.duration.mean": duration_s / count,
+        "dask.worker.id": worker,
+    }
+
+
 def exception_event_attributes(error: ErrorInfo) -> dict[str, str]:
     return {
         "exception.type": error.type_name,

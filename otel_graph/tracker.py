@@ -37,7 +37,13 @@ from opentelemetry.trace import Status, StatusCode
 from otel_graph.events import TaskEvent, describe_exception, task_prefix
 from otel_graph.metrics import TaskMetrics
 from otel_graph.policy import Aggregate, SpanPlan
-from otel_graph.spans import aggregate_attributes, exception_event_attributes, task_attributes
+from otel_graph.spans import (
+    ApiEmitter,
+    aggregate_attributes,
+    exception_event_attributes,
+    recovered_attributes,
+    task_attributes,
+)
 from otel_graph.task_context import TaskParent
 
 logger = logging.getLogger("otel_graph")
@@ -158,6 +164,8 @@ class Tracker:
         self._stalled_at: int | None = None
         self._stopping = False
         self.tasks_aggregated = 0
+        #: Tasks whose spans a lost worker took with it, made up from the scheduler's count.
+        self.tasks_recovered = 0
         self.processing_errors = 0
         self.begin_errors = 0
         self._thread = threading.Thread(target=self._run, name="otel-graph-tracker", daemon=True)
@@ -395,6 +403,18 @@ class Tracker:
         self.tasks_aggregated += agg.count
         self._emitter.emit(parent=record.span, name=self._metrics.span_name(agg.prefix), start_ns=agg.start_ns,
                            end_ns=agg.end_ns, attributes=aggregate_attributes(agg))
+
+    def recovered(self, parent: trace.Span, *, prefix: str, count: int, duration_s: float,
+                  start_ns: int, end_ns: int, worker: str) -> None:
+        """A span standing for tasks whose telemetry was lost with their worker.
+
+        From any thread (a cluster event's): through the tracer API, not the emitter,
+        whose cached parent belongs to the drain thread.
+        """
+        self.tasks_recovered += count
+        attributes = recovered_attributes(prefix=prefix, count=count, duration_s=duration_s, worker=worker)
+        ApiEmitter(self._tracer).emit(parent=parent, name=self._metrics.admitted_name(prefix), start_ns=start_ns,
+                                      end_ns=max(start_ns, end_ns), attributes=attributes)
 
     def _finish(self, record: ComputeRecord, plan: SpanPlan) -> None:
         plan.finish()

@@ -19,11 +19,12 @@ hold each time:
   interval is set to 60 s in those tests, so the victim's task metrics can only have
   come from its exit.
 
-A worker killed with SIGKILL cannot deliver anything: what it recorded in its last drain
-interval (1 s, plus the span processor's 0.5 s) is lost. Its test therefore kills only
-once what the victim finished has reached the receiver, and checks that everything
-rerun after the kill is traced (a task whose result also lived on another worker is not
-rerun, so its span must have left the victim beforehand).
+A worker killed with SIGKILL cannot deliver anything more: the spans of what it finished
+since its last export are gone. The scheduler's ledger (``otel_graph.cluster.ledger``)
+counted those runs, and the client makes ``dask.task.recovered`` spans of them: the
+compute's spans account for every task. One test kills once what the victim finished
+has reached the receiver (nothing to recover, nothing counted twice), another before the
+victim could deliver anything at all.
 """
 
 from __future__ import annotations
@@ -145,6 +146,11 @@ def roots(receiver: OtlpReceiver) -> list[dict]:
     return [s for s in receiver.spans() if s["name"] == "dask.compute"]
 
 
+def recovered_spans(receiver: OtlpReceiver, root: dict) -> list[dict]:
+    return [s for s in receiver.spans()
+            if s["parent_span_id"] == root["span_id"] and s["attributes"].get("dask.task.recovered")]
+
+
 def task_spans(spans: list[dict], root: dict) -> list[dict]:
     """The task spans under a compute (not its ``dask.compute.progress`` spans)."""
     return [s for s in spans if s["parent_span_id"] == root["span_id"] and "dask.task.key" in s["attributes"]]
@@ -221,12 +227,64 @@ def test_a_worker_leaving_mid_graph_is_in_the_trace_and_every_task_is_traced(rec
             ran_by.setdefault(span["attributes"]["dask.task.key"], set()).add(span["attributes"]["dask.worker.id"])
         lost = victim_keys & {f"inc-{i}" for i in range(5)}
         assert all(ran_by[key] - {victim} for key in lost), (lost, ran_by)
+    # Whatever way the victim left, what it delivered was reported first: nothing counted twice.
+    assert recovered_spans(receiver, root) == [], [s["attributes"] for s in recovered_spans(receiver, root)]
     if how in ("retire", "term"):
         # Delivered by the victim on its way out: the spans of what it finished last, and its
         # task metrics, which with a 60 s export interval only an exit flush can have sent.
         assert receiver.wait_for(lambda r: victim_keys <= keys_from(r, victim), timeout_s=STEP_S)
         assert receiver.wait_for(lambda r: tasks_counted_by(r, victim) == len(victim_keys), timeout_s=STEP_S), \
             tasks_counted_by(receiver, victim)
+
+
+@pytest.mark.parametrize("budget", [None, 4])
+def test_a_worker_killed_before_it_delivered_anything_is_accounted_for(receiver, tmp_path, budget):
+    """The collector refuses everything until the victim is gone: none of its spans left it.
+
+    Its runs whose results had moved on are not rerun, so only the scheduler's count
+    stands for them: recovered spans, per prefix, under the compute, that with the task
+    spans account for every task of the graph. With a budget of 4 task spans (2 a worker),
+    most runs wait in aggregates a worker emits only when the compute settles there.
+    """
+    receiver.fail = True
+    extra = {} if budget is None else {"OTEL_GRAPH_MAX_TASK_SPANS": str(budget)}
+    env = env_for(receiver, OTEL_METRIC_EXPORT_INTERVAL="60000", **extra)
+    with AppProcess("exit", "--how", "kill", "--now", env=env, log=tmp_path / "app.log") as app:
+        app.expect("READY")
+        victim, victim_keys = app.value("VICTIM"), set(app.value("VICTIM_KEYS").split())
+        assert victim_keys and victim_keys <= HELD_KEYS, victim_keys
+        app.send("go")
+        app.expect("GONE")
+        receiver.fail = False
+        app.finish()
+        assert app.value("RESULT") == "110"
+        assert app.value("FLUSHED") == "True"
+        assert "Traceback" not in app.stderr or "/otel_graph/" not in app.stderr, app.stderr[-4000:]
+    assert not keys_from(receiver, victim), "the victim delivered something: the test proves nothing"
+
+    def recovered_count(r: OtlpReceiver) -> int:
+        return sum(s["attributes"]["dask.task.count"] for root in roots(r) for s in recovered_spans(r, root))
+
+    assert receiver.wait_for(lambda r: recovered_count(r) >= len(victim_keys), timeout_s=STEP_S), \
+        (recovered_count(receiver), sorted(victim_keys))
+    (root,) = roots(receiver)
+    recovered = recovered_spans(receiver, root)
+    # Exactly what the victim finished (its hold task never did), by prefix, on its name.
+    by_prefix: dict[str, int] = {}
+    for key in victim_keys:
+        by_prefix[key.split("-")[0]] = by_prefix.get(key.split("-")[0], 0) + 1
+    assert {s["attributes"]["dask.task.prefix"]: s["attributes"]["dask.task.count"] for s in recovered} == by_prefix
+    assert {s["attributes"]["dask.worker.id"] for s in recovered} == {victim}
+    assert all(s["attributes"]["dask.task.duration.sum"] >= 0 for s in recovered)
+    assert all(s["start_ns"] <= s["end_ns"] for s in recovered)
+    # Every task is accounted for: traced or aggregated where it ran last, or counted with
+    # the victim (and a task rerun after the kill, twice).
+    under = [s for s in receiver.spans() if s["parent_span_id"] == root["span_id"]
+             and ("dask.task.key" in s["attributes"] or "dask.task.count" in s["attributes"])]
+    assert sum(s["attributes"].get("dask.task.count", 1) for s in under) >= len(HELD_KEYS)
+    if budget is None:
+        traced = set(keys_under(receiver, root))
+        assert HELD_KEYS - traced <= victim_keys, (sorted(HELD_KEYS - traced), sorted(victim_keys))
 
 
 # -- 2. restarts ----------------------------------------------------------------------------------
@@ -248,8 +306,10 @@ def test_client_restart_between_two_computes(receiver, tmp_path):
     workers_before, workers_after = (line.split()[1:] for line in app.lines if line.startswith("WORKERS "))
     assert app.value("RESULT_BEFORE") == app.value("RESULT_AFTER") == "210"
     assert app.value("FLUSHED") == "True"
-    _, before = assert_traced_completely(receiver, "before")
-    _, after = assert_traced_completely(receiver, "after")
+    root_before, before = assert_traced_completely(receiver, "before")
+    root_after, after = assert_traced_completely(receiver, "after")
+    # The restart took the old workers down after they delivered: nothing was recovered.
+    assert recovered_spans(receiver, root_before) == recovered_spans(receiver, root_after) == []
     # The second compute ran on the new worker processes, which got the plugin from the scheduler.
     assert set(workers_before).isdisjoint(workers_after)
     assert {s["attributes"]["dask.worker.id"] for s in before} <= set(workers_before)

@@ -13,7 +13,9 @@ the one to fix. Checked against distributed 2026.8:
   worker's own. :func:`task_run` puts them all back on the worker's clock.
 * transfers are logged with their bytes in ``worker.transfer_incoming_log``.
 * scheduler: ``task_prefixes[*].states`` (current counts), ``workers[*].memory`` (a
-  ``MemoryState``) and ``workers[*].memory_limit``.
+  ``MemoryState``) and ``workers[*].memory_limit``; ``SchedulerPlugin.transition``'s
+  keywords for ``processing -> memory|erred`` (the worker's message: ``worker``,
+  ``startstops``), and ``tasks[key].annotations`` and ``.prefix.name``.
 * client: ``_scheduler_identity`` (``n_workers``, and ``id``, which changes when the
   client reconnects to a scheduler started anew), ``_state`` of a future, ``_started``.
 
@@ -303,6 +305,34 @@ def task_states(scheduler: Any) -> dict[str, int]:
             if state != "forgotten":  # zeros too: a dashboard line at 0, not "no data"
                 totals[state] = totals.get(state, 0) + count
     return totals
+
+
+class FinishedRun(NamedTuple):
+    """A run the scheduler just accepted as finished (``processing -> memory|erred``)."""
+
+    note: Any  # the task's annotation of ours
+    prefix: str
+    start_s: float  # its compute phase, on the scheduler's clock
+    stop_s: float
+
+
+def finished_run(scheduler: Any, key: Any, details: dict, *, annotation_name: str) -> FinishedRun | None:
+    """From ``SchedulerPlugin.transition``'s keywords (the worker's ``task-finished`` or
+    ``task-erred`` message: ``worker``, ``startstops``); None for a task not of ours."""
+    ts = scheduler.tasks.get(key)
+    annotations = getattr(ts, "annotations", None)
+    note = annotations.get(annotation_name) if annotations else None
+    if note is None:
+        return None
+    start = stop = None
+    for entry in details.get("startstops") or ():
+        if isinstance(entry, dict) and entry.get("action") == "compute":
+            start, stop = entry.get("start"), entry.get("stop")
+    if not isinstance(start, (int, float)) or not isinstance(stop, (int, float)):
+        import time
+
+        start = stop = time.time()
+    return FinishedRun(note, str(ts.prefix.name), float(start), float(stop))
 
 
 class WorkerMemory(NamedTuple):

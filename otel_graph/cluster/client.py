@@ -209,7 +209,7 @@ class ClusterCapture:
 
     def _plugins(self) -> tuple[Any, Any]:
         env = _client_env()
-        return SchedulerTelemetryPlugin(env), WorkerTelemetryPlugin(env)
+        return SchedulerTelemetryPlugin(env), WorkerTelemetryPlugin(env, accounts=True)
 
     def _join(self, client: Any) -> None:
         # The plugins are idempotent: a cluster that has them (another client) keeps them as
@@ -310,6 +310,7 @@ class ClusterCapture:
                     record.graph_tasks = (record.graph_tasks or 0) + int(message.get("tasks", 0))
             elif message.get("op") == "worker-lost":
                 self._worker_lost(cluster, message)
+                self._recover(client_id, message)
         except Exception:
             logger.debug("otel_graph: bad scheduler event", exc_info=True)
 
@@ -325,6 +326,25 @@ class ClusterCapture:
                 continue
             seen.add((worker, why))
             record.span.add_event(name, {"dask.worker.id": worker, "dask.worker.removal": why})
+
+    def _recover(self, client_id: str, message: dict) -> None:
+        """Spans for the tasks of this client's computes whose telemetry a lost worker took with it.
+
+        One per compute and prefix, from the scheduler's ledger (:mod:`.ledger`), marked
+        ``dask.task.recovered``; only the client that submitted the compute makes them.
+        """
+        worker = str(message.get("worker", ""))
+        for row in message.get("lost") or ():
+            try:
+                traceparent, owner, prefix, count, duration_s, start_s, stop_s = row
+                parent = parent_span(traceparent)
+                if owner != client_id or parent is None or int(count) <= 0:
+                    continue
+                self._tracker.recovered(parent, prefix=str(prefix), count=int(count), duration_s=float(duration_s),
+                                        start_ns=int(float(start_s) * 1e9), end_ns=int(float(stop_s) * 1e9),
+                                        worker=worker)
+            except Exception:
+                logger.debug("otel_graph: bad row of lost telemetry", exc_info=True)
 
     # -- wrappers --------------------------------------------------------------------------
     def _wrap_start(self, original: Any) -> Any:

@@ -5,10 +5,11 @@
 worker's event loop, so it only copies what the worker recorded about a finished run
 (:func:`otel_graph.cluster.adapter.task_run`: plain values, a few microseconds). A
 background thread, :class:`WorkerTelemetry`, turns those records into spans and metric
-points every ``OTEL_GRAPH_DRAIN_INTERVAL`` (at most 1 s here, so a worker killed with
-SIGKILL loses at most about one interval), or sooner once :data:`_DRAIN_AT` runs wait
-(what a busy worker holds between drains stays small), and exports them with the
-worker's own SDK.
+points every ``OTEL_GRAPH_DRAIN_INTERVAL`` (at most 1 s here), or sooner once
+:data:`_DRAIN_AT` runs wait (what a busy worker holds between drains stays small), and
+exports them with the worker's own SDK. As the collector takes each batch, the worker
+reports what it delivered to the scheduler's ledger (:mod:`.ledger`), so that what a
+worker killed outright takes with it is still counted.
 
 Spans
 -----
@@ -49,7 +50,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from opentelemetry import trace
 from opentelemetry.metrics import Observation
 
-from otel_graph.cluster import adapter
+from otel_graph.cluster import adapter, ledger
 from otel_graph.cluster.propagation import ANNOTATION, budget_of, parent_span, seal_env, traceparent_of, unseal_env
 from otel_graph.config import exit_timeout
 from otel_graph.events import task_prefix
@@ -113,8 +114,10 @@ class _Trace:
 class WorkerTelemetry:
     """Per worker: records runs from the event loop, builds telemetry on a thread."""
 
-    def __init__(self, worker: Any, *, providers: Any, settings: Any, in_process: bool = False) -> None:
+    def __init__(self, worker: Any, *, providers: Any, settings: Any, in_process: bool = False,
+                 accounts: bool = False) -> None:
         self.address, self.name = adapter.worker_identity(worker)
+        self._worker_ref = weakref.ref(worker)
         self._providers = providers
         #: A worker in an instrumented process follows that process's live instrumentation.
         self._in_process = in_process
@@ -136,6 +139,12 @@ class WorkerTelemetry:
         self._interval = interval
         self._thread = threading.Thread(target=self._run, name="otel-graph-worker", daemon=True)
         self._thread.start()
+        #: Reports what its exporter delivered to the scheduler's ledger (:mod:`.ledger`).
+        self.keeps_accounts = accounts and not in_process and _count_deliveries(providers)
+        self._joined = False
+        if self.keeps_accounts:
+            _ProcessTelemetry.accounts[self.address] = self
+            self.report_deliveries()  # joins the ledger, ahead of any task-finished of ours
 
     # -- on the worker's event loop ------------------------------------------------------
     def record(self, worker: Any, key: Any) -> None:
@@ -154,6 +163,25 @@ class WorkerTelemetry:
             with self._wake:  # held only briefly by the drain thread, never across a drain
                 self._kicked = True
                 self._wake.notify_all()
+
+    def report_deliveries(self) -> bool:
+        """Tell the scheduler what this worker's exporter delivered since the last report.
+
+        From any thread: ``Worker.log_event`` hands the message to the event loop, which
+        puts it on the worker's stream after the ``task-finished`` messages of those tasks.
+        """
+        worker = self._worker_ref()
+        if not self.keeps_accounts or worker is None:
+            return False
+        rows = _ProcessTelemetry.deliveries.take(self.address)
+        if not rows and self._joined:
+            return False
+        try:
+            worker.log_event(ledger.TOPIC, {"delivered": rows})
+        except Exception:  # the worker's loop is gone: so is the scheduler's ledger of it
+            return False
+        self._joined = True
+        return True
 
     # -- flush and close ------------------------------------------------------------------
     def flush(self, timeout_s: float, *, export: bool = True) -> bool:
@@ -330,6 +358,30 @@ class _ProcessTelemetry:
     lock = threading.Lock()
     by_worker: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
     nested: Any = None  # (tracker, capture) tracing computes that tasks here start
+    #: What the process's span exporter delivered, per worker, until reported.
+    deliveries = ledger.Deliveries()
+    #: Telemetry that reports deliveries, by worker address: kept while it closes too,
+    #: since its last spans are delivered then.
+    accounts: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def _count_deliveries(providers: Any) -> bool:
+    """Have the process's span processor count what it delivers; False if it cannot."""
+    owned = providers.owned
+    processor = getattr(owned, "span_processor", None) if owned is not None else None
+    if processor is None:  # traces off, or another exporter's pipeline
+        return False
+    if processor.on_delivered is None:
+        processor.on_delivered = _on_delivered
+    return processor.on_delivered is _on_delivered
+
+
+def _on_delivered(spans: list[Any]) -> None:
+    # On the export thread, as soon as the collector took a batch: the shorter the time
+    # between delivery and report, the fewer tasks a kill in between counts twice.
+    _ProcessTelemetry.deliveries.count(spans)
+    for telemetry in list(_ProcessTelemetry.accounts.values()):
+        telemetry.report_deliveries()
 
 
 def _trace_nested_computes(providers: Any, settings: Any) -> None:
@@ -353,7 +405,7 @@ def _trace_nested_computes(providers: Any, settings: Any) -> None:
     _ProcessTelemetry.nested = (tracker, capture)
 
 
-def _start(worker: Any, client_env: dict[str, str]) -> WorkerTelemetry | None:
+def _start(worker: Any, client_env: dict[str, str], *, accounts: bool = False) -> WorkerTelemetry | None:
     from otel_graph.config import load_settings
     from otel_graph.instrumentation import add_aggregated_source, ensure_exit_hook, live_providers
 
@@ -375,8 +427,8 @@ def _start(worker: Any, client_env: dict[str, str]) -> WorkerTelemetry | None:
             _deliver_on_sigterm()
         ensure_exit_hook()
         add_aggregated_source(_tasks_aggregated)
-        telemetry = _ProcessTelemetry.by_worker[worker] = WorkerTelemetry(worker, providers=providers,
-                                                                          settings=settings, in_process=in_process)
+        telemetry = _ProcessTelemetry.by_worker[worker] = WorkerTelemetry(
+            worker, providers=providers, settings=settings, in_process=in_process, accounts=accounts)
         _observe_spill(providers.meter_provider)
         return telemetry
 
@@ -450,9 +502,56 @@ def _on_sigterm(signum: int, frame: Any) -> None:
             delivery = threading.Thread(target=deliver_as_at_exit, name="otel-graph-sigterm", daemon=True)
             delivery.start()
             delivery.join(sigterm_delivery_s())
+            if _end_once_reported(signum):
+                return
         except BaseException:
             logger.debug("otel_graph: delivery on SIGTERM failed", exc_info=True)
     os.kill(os.getpid(), signum)
+
+
+#: After a SIGTERM delivery, the longest the worker's stream gets to carry its last
+#: report of deliveries to the scheduler before the process ends.
+_REPORT_ON_SIGTERM_S = 0.5
+
+
+def _end_once_reported(signum: int) -> bool:
+    """End the process once the worker's stream has carried its last delivery report.
+
+    The report was handed to the event loop, which this handler holds (it runs on the
+    loop's thread): ending here would lose it, and the scheduler's ledger would count
+    what was just delivered as taken away (:mod:`.ledger`). So the loop gets to flush
+    the stream, within :data:`_REPORT_ON_SIGTERM_S`; a timer ends the process regardless.
+    False when there is nothing to wait for.
+    """
+    import asyncio
+
+    workers = [t._worker_ref() for t in list(_ProcessTelemetry.accounts.values()) if t._joined]
+    streams = [w.batched_stream for w in workers if getattr(w, "batched_stream", None) is not None]
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    if not streams:
+        return False
+    pid = os.getpid()
+
+    def end() -> None:
+        os.kill(pid, signum)  # the default action is back: this ends the process
+
+    async def flush_then_end() -> None:
+        try:
+            await asyncio.sleep(0)  # the report's own callback runs first
+            await asyncio.wait_for(asyncio.gather(*(s.close(timeout=_REPORT_ON_SIGTERM_S) for s in streams),
+                                                  return_exceptions=True), _REPORT_ON_SIGTERM_S)
+        except BaseException:
+            pass
+        end()
+
+    timer = threading.Timer(_REPORT_ON_SIGTERM_S + 0.5, end)
+    timer.daemon = True
+    timer.start()
+    loop.create_task(flush_then_end())
+    return True
 
 
 #: Ports tried after OTEL_EXPORTER_PROMETHEUS_PORT when several cluster processes share a host.
@@ -564,8 +663,11 @@ class WorkerTelemetryPlugin(WorkerPlugin):
     name = PLUGIN_NAME
     idempotent = True  # registering again (another client) keeps the one in place
 
-    def __init__(self, client_env: dict[str, str] | None = None) -> None:
+    def __init__(self, client_env: dict[str, str] | None = None, *, accounts: bool = False) -> None:
         self._sealed_env = seal_env(dict(client_env or {}))
+        #: Report deliveries to the scheduler's ledger: only where the scheduler has our
+        #: plugin to read them (an instrumented client registers both).
+        self._accounts = accounts
         self._telemetry: WorkerTelemetry | None = None
         self._worker: Any = None
 
@@ -575,7 +677,7 @@ class WorkerTelemetryPlugin(WorkerPlugin):
     def setup(self, worker: Any) -> None:
         self._worker = worker
         try:
-            self._telemetry = _start(worker, unseal_env(self._sealed_env))
+            self._telemetry = _start(worker, unseal_env(self._sealed_env), accounts=getattr(self, "_accounts", False))
         except Exception as exc:
             # A bad configuration here must not take the worker down; say so once, without values.
             logger.warning("otel_graph: telemetry is off on worker %s: %s", getattr(worker, "address", "?"),

@@ -2,14 +2,15 @@
 
 Configured the user's way, through OTEL_* variables, plus a scenario:
 
-``exit --how retire|term|kill``
+``exit --how retire|term|kill [--now]``
     A LocalCluster of two worker processes runs a 13-task graph (:func:`held_graph`)
     whose two ``hold`` tasks wait for a marker file. Once both hold tasks run, the
     worker running ``hold-0`` (the victim) is named (VICTIM, and
     VICTIM_KEYS, the tasks it has computed) and READY is printed; after a line on
     stdin the victim leaves: ``client.retire_workers`` (retire), or SIGTERM / SIGKILL
-    to its process from here. When the scheduler has dropped it, the hold tasks are
-    released and the compute finishes on what is left (Dask reruns what was lost).
+    to its process from here (SIGKILL only once the victim's deliveries are reported to
+    the scheduler's ledger, unless ``--now``). When the scheduler has dropped it (GONE), the hold tasks
+    are released and the compute finishes on what is left (Dask reruns what was lost).
 ``restart``
     Two computes on a LocalCluster with ``client.restart()`` between them.
 ``reconnect --scheduler ADDR``
@@ -105,7 +106,12 @@ def computed_by(dask_worker: Any = None) -> list[str]:
                   if any(s.get("action") == "compute" for s in ts.startstops))
 
 
-def scenario_exit(how: str) -> None:
+def undelivered(dask_scheduler: Any = None, worker: str = "") -> int:
+    """Run on the scheduler: tasks that ran on ``worker`` it has not reported delivered."""
+    return dask_scheduler.plugins["otel-graph"]._ledger.outstanding(worker)
+
+
+def scenario_exit(how: str, *, now: bool = False) -> None:
     import otel_graph
 
     handle = otel_graph.instrument_scheduler()
@@ -129,8 +135,14 @@ def scenario_exit(how: str) -> None:
     if how == "retire":
         client.retire_workers([victim])
     else:
+        if how == "kill" and not now:
+            # What the victim delivered is reported to the scheduler a moment after the
+            # collector took it: a kill in between would count those tasks twice.
+            wait_until(lambda: client.run_on_scheduler(undelivered, worker=victim) == 0,
+                       "the victim's deliveries to be reported")
         os.kill(pid, signal.SIGTERM if how == "term" else signal.SIGKILL)
     wait_until(lambda: victim not in client.scheduler_info(n_workers=-1)["workers"], "the victim to leave")
+    print("GONE", flush=True)
     open(marker, "w").close()
     compute.join(DEADLINE_S)
     print("RESULT", result[0] if result else "none", flush=True)
@@ -231,10 +243,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("scenario", choices=["exit", "restart", "reconnect", "unpicklable"])
     parser.add_argument("--how", choices=["retire", "term", "kill"])
+    parser.add_argument("--now", action="store_true", help="kill without waiting for the victim's report")
     parser.add_argument("--scheduler")
     args = parser.parse_args()
     if args.scenario == "exit":
-        scenario_exit(args.how)
+        scenario_exit(args.how, now=args.now)
     elif args.scenario == "restart":
         scenario_restart()
     elif args.scenario == "reconnect":

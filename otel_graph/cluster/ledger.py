@@ -1,0 +1,238 @@
+"""What a lost worker took with it: the scheduler's count of tasks whose telemetry never left.
+
+A worker turns the runs it finishes into spans on a thread and exports them within
+about a second and a half; what its span budget leaves over it folds into aggregates it
+emits only when the compute settles there. A worker killed outright (SIGKILL, the
+kernel's OOM killer) takes all that with it, and Dask reruns only what the graph still
+needs from it: a task whose result had already moved on would be missing from the trace,
+and the compute's task count would not add up.
+
+So the scheduler keeps a :class:`Ledger`. It sees every run finish (``processing ->
+memory`` or ``-> erred``, with the worker and the run's ``compute`` times), and each
+worker says on its stream to the scheduler (an event on :data:`TOPIC`, in order with its
+``task-finished`` messages) what its exporter delivered, counted by :class:`Deliveries`
+per compute and prefix. Per worker the ledger holds the difference, per compute (its
+traceparent) and prefix: O(computes x prefixes) however many tasks run, and nothing
+once the worker's exports catch up. When a worker is removed other than by retirement
+(which delivers on its way out), what is left is what it took with it (:meth:`Ledger.lost`):
+the client that submitted the compute makes a span of each prefix's share, marked
+``dask.task.recovered``, so that the compute's spans again account for every task.
+
+Only a worker that said it keeps accounts (:meth:`Ledger.join`, first thing on its
+stream) is tallied: one whose telemetry goes through someone else's exporter (an
+in-process worker) cannot say what was delivered.
+
+Prefixes: past :data:`~otel_graph.policy.MAX_AGGREGATES` of a compute on a worker, the
+ledger folds them into ``OTHER_PREFIXES`` as the worker folds its aggregates. The two may
+fold differently (the worker only folds what its budget leaves over), so a delivery that
+finds no tally of its prefix is taken from the compute's others: a compute's total is
+exact, the split between prefixes a best effort.
+
+>>> ledger = Ledger()
+>>> ledger.join("w1")
+>>> for i in range(3):
+...     ledger.finished("w1", "00-ab-cd-01", "inc", start_s=10.0 + i, stop_s=10.5 + i)
+>>> ledger.delivered("w1", [["00-ab-cd-01", "inc", 1, 500_000_000]])
+>>> ledger.outstanding("w1")
+2
+>>> [(lost.prefix, lost.count, lost.duration_s) for lost in ledger.lost("w1")]
+[('inc', 2, 1.0)]
+>>> ledger.lost("w1")  # a worker is settled once
+[]
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from otel_graph.events import OTHER_PREFIXES
+from otel_graph.policy import MAX_AGGREGATES
+
+#: The event topic workers report deliveries on. No client subscribes to it; the
+#: scheduler keeps its last events like any topic's (a short, bounded deque).
+TOPIC = "otel-graph-delivered"
+#: Computes a worker's ledger keeps open at most: one that never exported for a thousand
+#: computes (a collector down for good) drops its oldest, counted in ``Ledger.untracked``.
+MAX_OPEN_COMPUTES = 1024
+
+
+class Lost(NamedTuple):
+    """Tasks of one prefix of one compute whose telemetry a removed worker took with it."""
+
+    traceparent: str
+    prefix: str
+    count: int
+    duration_s: float
+    start_s: float
+    stop_s: float
+
+
+@dataclass
+class _Tally:
+    count: int = 0
+    duration_ns: int = 0
+    start_s: float = float("inf")
+    stop_s: float = 0.0
+
+
+class _Compute:
+    __slots__ = ("tallies", "folded")
+
+    def __init__(self) -> None:
+        self.tallies: dict[str, _Tally] = {}
+        self.folded: set[str] = set()
+
+    def label(self, prefix: str) -> str:
+        if prefix in self.folded:
+            return prefix
+        if len(self.folded) < MAX_AGGREGATES:
+            self.folded.add(prefix)
+            return prefix
+        return OTHER_PREFIXES
+
+    def take(self, prefix: str, count: int, duration_ns: int) -> None:
+        """Take delivered tasks off, from their prefix's tally first, then from the others."""
+        tallies = self.tallies
+        order = [prefix] if prefix in tallies else []
+        order += [OTHER_PREFIXES] if prefix != OTHER_PREFIXES and OTHER_PREFIXES in tallies else []
+        order += [name for name in tallies if name not in order]
+        for name in order:
+            if count <= 0:
+                break
+            tally = tallies[name]
+            taken = min(count, tally.count)
+            share = duration_ns if taken == count else duration_ns * taken // count
+            tally.count -= taken
+            tally.duration_ns = max(0, tally.duration_ns - share)
+            count, duration_ns = count - taken, duration_ns - share
+            if tally.count <= 0:
+                del tallies[name]
+
+
+class Ledger:
+    """On the scheduler: per worker, what ran there and was not yet delivered."""
+
+    def __init__(self) -> None:
+        self._workers: dict[str, OrderedDict[str, _Compute]] = {}
+        #: Tasks dropped from a ledger that grew past MAX_OPEN_COMPUTES computes.
+        self.untracked = 0
+
+    def join(self, worker: str) -> None:
+        self._workers.setdefault(worker, OrderedDict())
+
+    def keeps(self, worker: str) -> bool:
+        return worker in self._workers
+
+    def finished(self, worker: str, traceparent: str, prefix: str, *, start_s: float, stop_s: float) -> None:
+        computes = self._workers.get(worker)
+        if computes is None:
+            return
+        compute = computes.get(traceparent)
+        if compute is None:
+            compute = computes[traceparent] = _Compute()
+            while len(computes) > MAX_OPEN_COMPUTES:
+                _, dropped = computes.popitem(last=False)
+                self.untracked += sum(t.count for t in dropped.tallies.values())
+        label = compute.label(prefix)
+        tally = compute.tallies.get(label)
+        if tally is None:
+            tally = compute.tallies[label] = _Tally()
+        tally.count += 1
+        tally.duration_ns += max(0, int((stop_s - start_s) * 1e9))
+        tally.start_s = min(tally.start_s, start_s)
+        tally.stop_s = max(tally.stop_s, stop_s)
+
+    def delivered(self, worker: str, entries: Any) -> None:
+        """A worker's report: ``[traceparent, prefix, tasks, duration_ns]`` rows. Never raises."""
+        computes = self._workers.get(worker)
+        if computes is None or not isinstance(entries, (list, tuple)):  # msgpack makes lists tuples
+            return
+        for entry in entries:
+            try:
+                traceparent, prefix, count, duration_ns = entry
+                count, duration_ns = int(count), int(duration_ns)
+            except (TypeError, ValueError):
+                continue
+            compute = computes.get(traceparent)
+            if compute is None or count <= 0:
+                continue
+            compute.take(str(prefix), count, max(0, duration_ns))
+            if not compute.tallies:
+                del computes[traceparent]
+
+    def outstanding(self, worker: str) -> int:
+        """Tasks that ran on ``worker`` whose telemetry it has not reported delivered."""
+        return sum(t.count for compute in self._workers.get(worker, {}).values() for t in compute.tallies.values())
+
+    def lost(self, worker: str) -> list[Lost]:
+        """What the worker took with it; its ledger is closed."""
+        computes = self._workers.pop(worker, None) or {}
+        return [Lost(traceparent, prefix, tally.count, tally.duration_ns / 1e9, tally.start_s, tally.stop_s)
+                for traceparent, compute in computes.items() for prefix, tally in compute.tallies.items()
+                if tally.count > 0]
+
+    def forget(self, worker: str) -> None:
+        self._workers.pop(worker, None)
+
+
+class Deliveries:
+    """In a worker process: what its span exporter delivered, per worker, compute and prefix.
+
+    Fed from the exporter's thread (:meth:`count`, with each batch the collector took);
+    each worker takes its own rows (:meth:`take`) to report them. A task span counts one
+    task, an aggregate its ``dask.task.count``; other spans (transfer and spill phases,
+    computes, recovered tasks) none.
+
+    >>> from types import SimpleNamespace as NS
+    >>> parent = NS(trace_id=0xAB, span_id=0xCD, trace_flags=1)
+    >>> on_w1 = {"dask.task.prefix": "inc", "dask.worker.id": "w1"}
+    >>> task = NS(parent=parent, start_time=0, end_time=5, attributes=on_w1)
+    >>> folded = NS(parent=parent, start_time=0, end_time=9, attributes={
+    ...     **on_w1, "dask.task.count": 4, "dask.task.duration.sum": 2.0})
+    >>> deliveries = Deliveries()
+    >>> deliveries.count([task, folded])
+    >>> deliveries.take("w2"), deliveries.take("w1") == [[f"00-{0xAB:032x}-{0xCD:016x}-01", "inc", 5, 2_000_000_005]]
+    ([], True)
+    """
+
+    def __init__(self) -> None:
+        import threading
+
+        self._lock = threading.Lock()
+        self._counts: dict[str, dict[tuple[str, str], list[int]]] = {}
+
+    def count(self, spans: Any) -> None:
+        counted: dict[tuple[str, str, str], list[int]] = {}
+        for span in spans:
+            attributes = span.attributes or {}
+            prefix = attributes.get("dask.task.prefix")
+            worker = attributes.get("dask.worker.id")
+            parent = span.parent
+            if prefix is None or worker is None or parent is None or "dask.task.recovered" in attributes:
+                continue
+            tasks = attributes.get("dask.task.count", 1)
+            if "dask.task.duration.sum" in attributes:
+                duration_ns = int(attributes["dask.task.duration.sum"] * 1e9)
+            else:
+                duration_ns = (span.end_time or 0) - (span.start_time or 0)
+            traceparent = f"00-{parent.trace_id:032x}-{parent.span_id:016x}-{int(parent.trace_flags):02x}"
+            row = counted.get((worker, traceparent, prefix))
+            if row is None:
+                row = counted[(worker, traceparent, prefix)] = [0, 0]
+            row[0] += tasks
+            row[1] += duration_ns
+        if not counted:
+            return
+        with self._lock:
+            for (worker, traceparent, prefix), (tasks, duration_ns) in counted.items():
+                row = self._counts.setdefault(worker, {}).setdefault((traceparent, prefix), [0, 0])
+                row[0] += tasks
+                row[1] += duration_ns
+
+    def take(self, worker: str) -> list[list[Any]]:
+        with self._lock:
+            counts = self._counts.pop(worker, {})
+        return [[traceparent, prefix, tasks, duration_ns]
+                for (traceparent, prefix), (tasks, duration_ns) in counts.items()]

@@ -1,0 +1,143 @@
+"""The scheduler's ledger of undelivered telemetry, and a worker's count of what it delivered.
+
+End to end (a worker SIGKILLed before it could deliver) is in ``test_worker_exits.py``;
+here the arithmetic: whatever a worker reports, and however it folded its prefixes, a
+compute's lost count is what ran minus what was delivered, and bad reports never raise.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace as NS
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from otel_graph.cluster.ledger import MAX_OPEN_COMPUTES, Deliveries, Ledger
+from otel_graph.cluster.scheduler import SchedulerTelemetryPlugin
+from otel_graph.events import OTHER_PREFIXES
+from otel_graph.policy import MAX_AGGREGATES
+
+TP = "00-0000000000000000000000000000000a-000000000000000b-01"
+
+
+def lost_by_prefix(ledger: Ledger, worker: str) -> dict[str, int]:
+    return {row.prefix: row.count for row in ledger.lost(worker)}
+
+
+def test_a_worker_that_did_not_join_is_not_tallied():
+    ledger = Ledger()
+    ledger.finished("w1", TP, "inc", start_s=0.0, stop_s=1.0)
+    assert ledger.outstanding("w1") == 0 and ledger.lost("w1") == []
+
+
+def test_prefixes_past_the_limit_fold_and_a_worker_folding_differently_still_settles():
+    ledger = Ledger()
+    ledger.join("w1")
+    prefixes = [f"p{i}" for i in range(MAX_AGGREGATES + 50)]
+    for prefix in prefixes:
+        ledger.finished("w1", TP, prefix, start_s=0.0, stop_s=0.5)
+    ledger.join("w1")  # joining again keeps the tally
+    assert ledger.outstanding("w1") == len(prefixes)
+    # The worker folded from the 20th prefix on (its budget kept spans for the first 20).
+    ledger.delivered("w1", [[TP, prefix, 1, 500_000_000] for prefix in prefixes[:20]])
+    ledger.delivered("w1", [[TP, OTHER_PREFIXES, len(prefixes) - 21, 10]])
+    assert ledger.outstanding("w1") == 1
+    (row,) = ledger.lost("w1")
+    assert row.count == 1 and row.traceparent == TP
+
+
+def test_what_is_lost_keeps_its_prefix_duration_and_time_range():
+    ledger = Ledger()
+    ledger.join("w1")
+    ledger.finished("w1", TP, "load", start_s=100.0, stop_s=102.0)
+    ledger.finished("w1", TP, "load", start_s=101.0, stop_s=101.5)
+    ledger.finished("w1", TP, "sum", start_s=103.0, stop_s=103.25)
+    ledger.delivered("w1", [[TP, "sum", 1, 250_000_000]])
+    (row,) = ledger.lost("w1")
+    assert (row.prefix, row.count, row.duration_s, row.start_s, row.stop_s) == ("load", 2, 2.5, 100.0, 102.0)
+
+
+def test_a_worker_with_a_collector_down_for_good_keeps_a_bounded_ledger():
+    ledger = Ledger()
+    ledger.join("w1")
+    for i in range(MAX_OPEN_COMPUTES + 10):
+        ledger.finished("w1", f"00-{i:032x}-{1:016x}-01", "inc", start_s=0.0, stop_s=0.0)
+    assert ledger.outstanding("w1") == MAX_OPEN_COMPUTES
+    assert ledger.untracked == 10
+
+
+rows = st.lists(st.one_of(
+    st.none(), st.integers(), st.text(max_size=5),
+    st.lists(st.one_of(st.text(max_size=60), st.integers(-5, 10**20), st.floats(), st.none()), max_size=5),
+    st.tuples(st.just(TP), st.text(max_size=5), st.integers(-5, 5), st.integers(-5, 10**12)),
+), max_size=8)
+
+
+@settings(max_examples=300, deadline=None)
+@given(report=st.one_of(rows, st.none(), st.text(), st.dictionaries(st.text(), st.integers())))
+def test_any_report_is_taken_without_raising(report):
+    ledger = Ledger()
+    ledger.join("w1")
+    ledger.finished("w1", TP, "inc", start_s=0.0, stop_s=1.0)
+    ledger.delivered("w1", report)
+    assert 0 <= ledger.outstanding("w1") <= 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(runs=st.lists(st.tuples(st.integers(0, 2), st.sampled_from(["a", "b", "c", "x0", "x1"])), max_size=60),
+       delivered_share=st.floats(0, 1), regroup=st.booleans())
+def test_a_compute_s_lost_count_is_what_ran_minus_what_was_delivered(runs, delivered_share, regroup):
+    ledger = Ledger()
+    ledger.join("w1")
+    ran: dict[str, int] = {}
+    for compute, prefix in runs:
+        traceparent = f"00-{compute + 1:032x}-{1:016x}-01"
+        ledger.finished("w1", traceparent, prefix, start_s=0.0, stop_s=0.001)
+        ran[traceparent] = ran.get(traceparent, 0) + 1
+    delivered: dict[str, int] = {}
+    for traceparent, count in ran.items():
+        share = int(count * delivered_share)
+        delivered[traceparent] = share
+        # Reported under one prefix (a worker that folded them all) or split across two.
+        report = [[traceparent, OTHER_PREFIXES, share, 0]] if regroup else \
+            [[traceparent, "a", share // 2, 0], [traceparent, "zz", share - share // 2, 0]]
+        ledger.delivered("w1", report)
+    lost: dict[str, int] = {}
+    for row in ledger.lost("w1"):
+        lost[row.traceparent] = lost.get(row.traceparent, 0) + row.count
+    assert lost == {tp: n - delivered[tp] for tp, n in ran.items() if n - delivered[tp]}
+
+
+def test_deliveries_count_task_spans_and_aggregates_per_worker_not_phases_or_recoveries():
+    parent = NS(trace_id=0xA, span_id=0xB, trace_flags=1)
+    on = lambda worker, **extra: {"dask.task.prefix": "inc", "dask.worker.id": worker, **extra}  # noqa: E731
+    spans = [
+        NS(parent=parent, start_time=0, end_time=10, attributes=on("w1")),
+        NS(parent=parent, start_time=0, end_time=10, attributes=on("w2")),
+        NS(parent=parent, start_time=0, end_time=10, attributes=on("w1", **{"dask.task.count": 7,
+                                                                           "dask.task.duration.sum": 1e-6})),
+        NS(parent=parent, start_time=0, end_time=10, attributes={"dask.task.key": "inc-1", "dask.worker.id": "w1"}),
+        NS(parent=parent, start_time=0, end_time=10, attributes=on("w1", **{"dask.task.recovered": True,
+                                                                           "dask.task.count": 3})),
+        NS(parent=None, start_time=0, end_time=10, attributes=on("w1")),
+    ]
+    deliveries = Deliveries()
+    deliveries.count(spans)
+    assert deliveries.take("w1") == [[TP, "inc", 8, 1010]]
+    assert deliveries.take("w1") == []
+    assert [row[2] for row in deliveries.take("w2")] == [1]
+
+
+def test_a_lost_worker_s_event_names_the_submitting_client_and_stays_bounded():
+    plugin = SchedulerTelemetryPlugin()
+    plugin._ledger.join("w1")
+    computes = [f"00-{c + 1:032x}-{1:016x}-01" for c in range(25)]
+    plugin._owners[computes[0]] = "Client-1"
+    for traceparent in computes:  # 25 computes x 101 prefixes: more rows than an event carries
+        for i in range(MAX_AGGREGATES + 1):
+            plugin._ledger.finished("w1", traceparent, f"p{i}", start_s=float(i), stop_s=i + 0.5)
+    rows = plugin._lost_rows("w1")
+    # Each compute's prefixes summed into one row, with the client that submitted it (if known).
+    assert sorted(r[:4] for r in rows) == sorted(
+        [[tp, "Client-1" if tp == computes[0] else "", OTHER_PREFIXES, MAX_AGGREGATES + 1] for tp in computes])
+    assert all(r[4:] == [(MAX_AGGREGATES + 1) * 0.5, 0.0, MAX_AGGREGATES + 0.5] for r in rows)
