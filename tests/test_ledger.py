@@ -141,3 +141,17 @@ def test_a_lost_worker_s_event_names_the_submitting_client_and_stays_bounded():
     assert sorted(r[:4] for r in rows) == sorted(
         [[tp, "Client-1" if tp == computes[0] else "", OTHER_PREFIXES, MAX_AGGREGATES + 1] for tp in computes])
     assert all(r[4:] == [(MAX_AGGREGATES + 1) * 0.5, 0.0, MAX_AGGREGATES + 0.5] for r in rows)
+
+
+def test_a_closing_worker_settles_its_own_and_only_runs_after_its_goodbye_are_lost():
+    ledger = Ledger()
+    ledger.join("w1")
+    for _ in range(3):
+        ledger.finished("w1", TP, "inc", start_s=0.0, stop_s=1.0)
+    # Closing with 3 undelivered: it delivers them on its way out or counts them itself.
+    ledger.delivered("w1", [], closing=True)
+    assert ledger.outstanding("w1") == 0
+    # A run after the goodbye (a SIGTERMed worker's last one) has no telemetry left to see it.
+    ledger.finished("w1", TP, "inc", start_s=2.0, stop_s=3.0)
+    ledger.delivered("w1", [[TP, "inc", 1, 10**9]])  # a late report is not the ledger's to take
+    assert lost_by_prefix(ledger, "w1") == {"inc": 1}

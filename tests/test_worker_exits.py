@@ -287,6 +287,31 @@ def test_a_worker_killed_before_it_delivered_anything_is_accounted_for(receiver,
         assert HELD_KEYS - traced <= victim_keys, (sorted(HELD_KEYS - traced), sorted(victim_keys))
 
 
+def test_a_worker_closing_with_its_spans_undelivered_says_so_and_nothing_is_recovered(receiver, tmp_path):
+    """A worker that closes gracefully while the collector refuses: its last report says it is
+    closing, so what it could not deliver is its own to deliver on its way out (as here, the
+    collector being back by then) or to count as undelivered, and the scheduler's ledger
+    recovers none of it: nothing is counted twice."""
+    receiver.fail = True
+    env = env_for(receiver, OTEL_METRIC_EXPORT_INTERVAL="60000")
+    with AppProcess("exit", "--how", "close", env=env, log=tmp_path / "app.log") as app:
+        app.expect("READY")
+        victim = app.value("VICTIM")
+        app.send("go")
+        app.expect("GONE")
+        receiver.fail = False
+        app.finish()
+        assert app.value("RESULT") == "110"
+        assert app.value("FLUSHED") == "True"
+    # Delivered by the victim's exit once the collector took requests again, or counted.
+    victim_keys = set(app.value("VICTIM_KEYS").split())
+    assert victim_keys <= keys_from(receiver, victim) or "were not delivered to the collector" in app.stderr
+    assert receiver.wait_for(lambda r: any(HELD_KEYS - {"hold-0"} <= set(keys_under(r, root)) for root in roots(r)),
+                             timeout_s=STEP_S)
+    (root,) = roots(receiver)
+    assert recovered_spans(receiver, root) == [], [s["attributes"] for s in recovered_spans(receiver, root)]
+
+
 # -- 2. restarts ----------------------------------------------------------------------------------
 def assert_traced_completely(receiver: OtlpReceiver, prefix: str) -> tuple[dict, list[dict]]:
     """The compute of ``sum_graph(prefix)``: one trace, one span per task, no error."""

@@ -13,10 +13,16 @@ worker says on its stream to the scheduler (an event on :data:`TOPIC`, in order 
 ``task-finished`` messages) what its exporter delivered, counted by :class:`Deliveries`
 per compute and prefix. Per worker the ledger holds the difference, per compute (its
 traceparent) and prefix: O(computes x prefixes) however many tasks run, and nothing
-once the worker's exports catch up. When a worker is removed other than by retirement
-(which delivers on its way out), what is left is what it took with it (:meth:`Ledger.lost`):
-the client that submitted the compute makes a span of each prefix's share, marked
-``dask.task.recovered``, so that the compute's spans again account for every task.
+once the worker's exports catch up. When a worker is removed, what is left is what it
+took with it (:meth:`Ledger.lost`): the client that submitted the compute makes a span of
+each prefix's share, marked ``dask.task.recovered``, so that the compute's spans again
+account for every task.
+
+A worker that closes (gracefully, or on SIGTERM) says so in its last report
+(``closing``): what it has not delivered by then it delivers on its way out or counts as
+undelivered itself, so the ledger drops it, and keeps only what runs there afterwards
+(a SIGTERMed worker's last runs, which its closed telemetry no longer sees). Retirement
+is the same: the scheduler removes a retiring worker before it closes.
 
 Only a worker that said it keeps accounts (:meth:`Ledger.join`, first thing on its
 stream) is tallied: one whose telemetry goes through someone else's exporter (an
@@ -116,6 +122,8 @@ class Ledger:
 
     def __init__(self) -> None:
         self._workers: dict[str, OrderedDict[str, _Compute]] = {}
+        #: Workers that said they are closing: later reports are theirs to settle.
+        self._closing: set[str] = set()
         #: Tasks dropped from a ledger that grew past MAX_OPEN_COMPUTES computes.
         self.untracked = 0
 
@@ -144,10 +152,16 @@ class Ledger:
         tally.start_s = min(tally.start_s, start_s)
         tally.stop_s = max(tally.stop_s, stop_s)
 
-    def delivered(self, worker: str, entries: Any) -> None:
+    def delivered(self, worker: str, entries: Any, *, closing: bool = False) -> None:
         """A worker's report: ``[traceparent, prefix, tasks, duration_ns]`` rows. Never raises."""
         computes = self._workers.get(worker)
-        if computes is None or not isinstance(entries, (list, tuple)):  # msgpack makes lists tuples
+        if computes is None or worker in self._closing:
+            return
+        if closing:
+            self._closing.add(worker)
+            self._workers[worker] = OrderedDict()
+            return
+        if not isinstance(entries, (list, tuple)):  # msgpack makes lists tuples
             return
         for entry in entries:
             try:
@@ -169,12 +183,14 @@ class Ledger:
     def lost(self, worker: str) -> list[Lost]:
         """What the worker took with it; its ledger is closed."""
         computes = self._workers.pop(worker, None) or {}
+        self._closing.discard(worker)
         return [Lost(traceparent, prefix, tally.count, tally.duration_ns / 1e9, tally.start_s, tally.stop_s)
                 for traceparent, compute in computes.items() for prefix, tally in compute.tallies.items()
                 if tally.count > 0]
 
     def forget(self, worker: str) -> None:
         self._workers.pop(worker, None)
+        self._closing.discard(worker)
 
 
 class Deliveries:

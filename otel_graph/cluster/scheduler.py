@@ -206,13 +206,14 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
         worker = msg.get("worker")
         if isinstance(worker, str) and worker in getattr(self._scheduler, "workers", ()):
             self._ledger.join(worker)  # any report says the worker keeps accounts
-            self._ledger.delivered(worker, msg.get("delivered"))
+            self._ledger.delivered(worker, msg.get("delivered"), closing=bool(msg.get("closing")))
 
     def remove_client(self, scheduler: Any, client: str) -> None:
         self.clients.discard(client)
 
     def remove_worker(self, scheduler: Any, worker: str, *, stimulus_id: str = "", **kwargs: Any) -> None:
-        # A retiring worker delivers its own on its way out, after the scheduler let it go.
+        # A retiring worker delivers its own on its way out, after the scheduler let it go
+        # (a worker closing on its own says so first: see the ledger).
         retired = str(stimulus_id).startswith("retire-workers")
         lost = [] if retired else self._lost_rows(str(worker))
         self._ledger.forget(str(worker))

@@ -141,7 +141,7 @@ class WorkerTelemetry:
         self._thread.start()
         #: Reports what its exporter delivered to the scheduler's ledger (:mod:`.ledger`).
         self.keeps_accounts = accounts and not in_process and _count_deliveries(providers)
-        self._joined = False
+        self._joined = self._said_closing = False
         if self.keeps_accounts:
             _ProcessTelemetry.accounts[self.address] = self
             self.report_deliveries()  # joins the ledger, ahead of any task-finished of ours
@@ -164,20 +164,23 @@ class WorkerTelemetry:
                 self._kicked = True
                 self._wake.notify_all()
 
-    def report_deliveries(self) -> bool:
+    def report_deliveries(self, *, closing: bool = False) -> bool:
         """Tell the scheduler what this worker's exporter delivered since the last report.
 
         From any thread: ``Worker.log_event`` hands the message to the event loop, which
         puts it on the worker's stream after the ``task-finished`` messages of those tasks.
+        The last one says the worker is ``closing``: what is left, it delivers on its way
+        out or counts as undelivered itself.
         """
         worker = self._worker_ref()
-        if not self.keeps_accounts or worker is None:
+        if not self.keeps_accounts or worker is None or self._said_closing:
             return False
         rows = _ProcessTelemetry.deliveries.take(self.address)
-        if not rows and self._joined:
+        if not rows and self._joined and not closing:
             return False
+        self._said_closing = closing
         try:
-            worker.log_event(ledger.TOPIC, {"delivered": rows})
+            worker.log_event(ledger.TOPIC, {"delivered": rows, "closing": closing})
         except Exception:  # the worker's loop is gone: so is the scheduler's ledger of it
             return False
         self._joined = True
@@ -214,6 +217,7 @@ class WorkerTelemetry:
         # the flush waits: that also tells the exit a hung one from a slow one.
         if export and owned is not None and owned.collector_answers(min(0.2, timeout_s / 4)) is not False:
             owned.flush(max(0.1, deadline - time.monotonic()))
+        self.report_deliveries(closing=True)
         with self._wake:
             self._stopping = True
             self._wake.notify_all()

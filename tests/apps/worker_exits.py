@@ -2,12 +2,13 @@
 
 Configured the user's way, through OTEL_* variables, plus a scenario:
 
-``exit --how retire|term|kill [--now]``
+``exit --how retire|close|term|kill [--now]``
     A LocalCluster of two worker processes runs a 13-task graph (:func:`held_graph`)
     whose two ``hold`` tasks wait for a marker file. Once both hold tasks run, the
     worker running ``hold-0`` (the victim) is named (VICTIM, and
     VICTIM_KEYS, the tasks it has computed) and READY is printed; after a line on
-    stdin the victim leaves: ``client.retire_workers`` (retire), or SIGTERM / SIGKILL
+    stdin the victim leaves: ``client.retire_workers`` (retire), the scheduler's
+    ``close_worker`` (close: the worker closes itself), or SIGTERM / SIGKILL
     to its process from here (SIGKILL only once the victim's deliveries are reported to
     the scheduler's ledger, unless ``--now``). When the scheduler has dropped it (GONE), the hold tasks
     are released and the compute finishes on what is left (Dask reruns what was lost).
@@ -106,6 +107,11 @@ def computed_by(dask_worker: Any = None) -> list[str]:
                   if any(s.get("action") == "compute" for s in ts.startstops))
 
 
+def close_worker(dask_scheduler: Any = None, worker: str = "") -> None:
+    """Run on the scheduler: ask a worker to close itself (gracefully, with its nanny)."""
+    dask_scheduler.close_worker(worker)
+
+
 def undelivered(dask_scheduler: Any = None, worker: str = "") -> int:
     """Run on the scheduler: tasks that ran on ``worker`` it has not reported delivered."""
     return dask_scheduler.plugins["otel-graph"]._ledger.outstanding(worker)
@@ -134,6 +140,8 @@ def scenario_exit(how: str, *, now: bool = False) -> None:
     sys.stdin.readline()
     if how == "retire":
         client.retire_workers([victim])
+    elif how == "close":
+        client.run_on_scheduler(close_worker, worker=victim)
     else:
         if how == "kill" and not now:
             # What the victim delivered is reported to the scheduler a moment after the
@@ -242,7 +250,7 @@ def scenario_unpicklable(scheduler: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("scenario", choices=["exit", "restart", "reconnect", "unpicklable"])
-    parser.add_argument("--how", choices=["retire", "term", "kill"])
+    parser.add_argument("--how", choices=["retire", "close", "term", "kill"])
     parser.add_argument("--now", action="store_true", help="kill without waiting for the victim's report")
     parser.add_argument("--scheduler")
     args = parser.parse_args()
