@@ -237,19 +237,12 @@ def test_a_worker_leaving_mid_graph_is_in_the_trace_and_every_task_is_traced(rec
             tasks_counted_by(receiver, victim)
 
 
-@pytest.mark.parametrize("budget", [None, 4])
-def test_a_worker_killed_before_it_delivered_anything_is_accounted_for(receiver, tmp_path, budget):
-    """The collector refuses everything until the victim is gone: none of its spans left it.
-
-    Its runs whose results had moved on are not rerun, so only the scheduler's count
-    stands for them: recovered spans, per prefix, under the compute, that with the task
-    spans account for every task of the graph. With a budget of 4 task spans (2 a worker),
-    most runs wait in aggregates a worker emits only when the compute settles there.
-    """
+def leave_while_refused(receiver: OtlpReceiver, tmp_path: Path, *how: str, env: dict[str, str]
+                        ) -> tuple[str, str, set[str]]:
+    """The exit scenario with the collector refusing every request until the victim is gone:
+    the app's stderr, the victim, and what it had finished."""
     receiver.fail = True
-    extra = {} if budget is None else {"OTEL_GRAPH_MAX_TASK_SPANS": str(budget)}
-    env = env_for(receiver, OTEL_METRIC_EXPORT_INTERVAL="60000", **extra)
-    with AppProcess("exit", "--how", "kill", "--now", env=env, log=tmp_path / "app.log") as app:
+    with AppProcess("exit", *how, env=env, log=tmp_path / "app.log") as app:
         app.expect("READY")
         victim, victim_keys = app.value("VICTIM"), set(app.value("VICTIM_KEYS").split())
         assert victim_keys and victim_keys <= HELD_KEYS, victim_keys
@@ -259,7 +252,22 @@ def test_a_worker_killed_before_it_delivered_anything_is_accounted_for(receiver,
         app.finish()
         assert app.value("RESULT") == "110"
         assert app.value("FLUSHED") == "True"
-        assert "Traceback" not in app.stderr or "/otel_graph/" not in app.stderr, app.stderr[-4000:]
+        return app.stderr, victim, victim_keys
+
+
+@pytest.mark.parametrize("budget", [None, 4])
+def test_a_worker_killed_before_it_delivered_anything_is_accounted_for(receiver, tmp_path, budget):
+    """The collector refuses everything until the victim is gone: none of its spans left it.
+
+    Its runs whose results had moved on are not rerun, so only the scheduler's count
+    stands for them: recovered spans, per prefix, under the compute, that with the task
+    spans account for every task of the graph. With a budget of 4 task spans (2 a worker),
+    most runs wait in aggregates a worker emits only when the compute settles there.
+    """
+    extra = {} if budget is None else {"OTEL_GRAPH_MAX_TASK_SPANS": str(budget)}
+    env = env_for(receiver, OTEL_METRIC_EXPORT_INTERVAL="60000", **extra)
+    stderr, victim, victim_keys = leave_while_refused(receiver, tmp_path, "--how", "kill", "--now", env=env)
+    assert "Traceback" not in stderr or "/otel_graph/" not in stderr, stderr[-4000:]
     assert not keys_from(receiver, victim), "the victim delivered something: the test proves nothing"
 
     def recovered_count(r: OtlpReceiver) -> int:
@@ -292,20 +300,10 @@ def test_a_worker_closing_with_its_spans_undelivered_says_so_and_nothing_is_reco
     closing, so what it could not deliver is its own to deliver on its way out (as here, the
     collector being back by then) or to count as undelivered, and the scheduler's ledger
     recovers none of it: nothing is counted twice."""
-    receiver.fail = True
     env = env_for(receiver, OTEL_METRIC_EXPORT_INTERVAL="60000")
-    with AppProcess("exit", "--how", "close", env=env, log=tmp_path / "app.log") as app:
-        app.expect("READY")
-        victim = app.value("VICTIM")
-        app.send("go")
-        app.expect("GONE")
-        receiver.fail = False
-        app.finish()
-        assert app.value("RESULT") == "110"
-        assert app.value("FLUSHED") == "True"
+    stderr, victim, victim_keys = leave_while_refused(receiver, tmp_path, "--how", "close", env=env)
     # Delivered by the victim's exit once the collector took requests again, or counted.
-    victim_keys = set(app.value("VICTIM_KEYS").split())
-    assert victim_keys <= keys_from(receiver, victim) or "were not delivered to the collector" in app.stderr
+    assert victim_keys <= keys_from(receiver, victim) or "were not delivered to the collector" in stderr
     assert receiver.wait_for(lambda r: any(HELD_KEYS - {"hold-0"} <= set(keys_under(r, root)) for root in roots(r)),
                              timeout_s=STEP_S)
     (root,) = roots(receiver)
