@@ -276,5 +276,7 @@ def describe_tasks(computes: list[Compute]) -> dict[str, Any]:
         "computes": len(computes),
         "tasks": sum(c.task_count for c in computes),
         "task_spans": sum(1 for c in computes for s in c.tasks if not _is_aggregate(s)),
+        # Tasks whose spans a lost worker took with it, counted by the scheduler instead.
+        "recovered": sum(_count(s) for c in computes for s in c.tasks if s.attributes.get("dask.task.recovered")),
         "failed": sum(1 for c in computes if c.root.failed),
     }

@@ -87,6 +87,9 @@ def render(loaded: Loaded, out: TextIO, *, top: int = 10) -> None:
     totals = describe_tasks(computes)
     out.write(f"{totals['computes']} computes, {totals['tasks']} tasks "
               f"({totals['task_spans']} with their own span), {totals['failed']} failed computes\n")
+    if totals["recovered"]:
+        out.write(f"{totals['recovered']} tasks ran on workers lost before their spans left them: counted by the "
+                  "scheduler (dask.task.recovered), without keys or per-task times\n")
     if not computes:
         out.write("no dask.compute spans found: were these files written by otel_graph?\n")
         return

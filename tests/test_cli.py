@@ -213,6 +213,10 @@ def _hand_span(span_id: str, name: str, start_ms: int, end_ms: int, parent: str 
     def value(v: object) -> dict:
         if isinstance(v, list):
             return {"arrayValue": {"values": [value(x) for x in v]}}
+        if isinstance(v, bool):
+            return {"boolValue": v}
+        if isinstance(v, float):
+            return {"doubleValue": v}
         return {"intValue": str(v)} if isinstance(v, int) else {"stringValue": str(v)}
 
     return {"traceId": "ab" * 16, "spanId": span_id, "parentSpanId": parent, "name": name,
@@ -243,6 +247,26 @@ def test_critical_path_on_a_hand_built_graph(tmp_path):
     assert run.returncode == 0, run.stderr
     assert "3 tasks; on the path 50.0 ms (77% of wall), idle gaps 10.0 ms" in run.stdout
     assert "more dependencies than were recorded" in run.stdout
+
+
+def test_the_report_counts_tasks_recovered_for_a_lost_worker(tmp_path):
+    def task(span_id: str, key: str) -> dict:
+        return _hand_span(span_id, "inc", 0, 10, parent="00" * 8,
+                          attributes={"dask.task.key": key, "dask.task.prefix": "inc", "dask.worker.id": "tcp://a:1"})
+
+    recovered = _hand_span("03" * 8, "inc", 0, 30, parent="00" * 8, attributes={
+        "dask.task.prefix": "inc", "dask.task.count": 3, "dask.task.aggregate": True, "dask.task.recovered": True,
+        "dask.task.duration.sum": 0.03, "dask.worker.id": "tcp://b:1"})
+    spans = [_hand_span("00" * 8, "dask.compute", 0, 40, attributes={"dask.graph.tasks": 5}),
+             task("01" * 8, "inc-1"), task("02" * 8, "inc-2"), recovered]
+    path = tmp_path / "lost.jsonl"
+    path.write_text(_otlp_line(spans) + "\n")
+    run = cli("report", str(path))
+    assert run.returncode == 0, run.stderr
+    assert "1 computes, 5 tasks (2 with their own span)" in run.stdout
+    assert "3 tasks ran on workers lost before their spans left them" in run.stdout
+    (row,) = [line.split() for line in run.stdout.splitlines() if line.startswith("inc ")][:1]
+    assert row[4] == "5", row  # "inc", "50.0 ms", "100.0", tasks: the prefix's count includes them
 
 
 @pytest.mark.parametrize("attribute, value", [
