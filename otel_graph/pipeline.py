@@ -174,13 +174,22 @@ class ReliableSpanProcessor(SpanProcessor):
         in its backoff (and the exporter in its own), and exit would count as lost what
         it could have delivered. True or False by an export tried after the call (or,
         with nothing queued to try, by the last one); None when none ended in
-        ``timeout_s``: a hung collector, or a slow one.
+        ``timeout_s``, or once an export becomes :attr:`stuck`: a hung collector, or a slow one.
         """
         asked = time.monotonic()
+        deadline = asked + timeout_s
+        # An export out for a second already may be asleep in its exporter's retry backoff,
+        # which _hurry ends: that one is waited for.
+        stuck_before = self.stuck
         self._hurry()
         with self._cond:
-            self._cond.wait_for(lambda: self._last_began >= asked or self._stopped
-                                or not (self._queue or self._inflight), timeout_s)
+            # Woken by an export's end; and every 50 ms to see an export in flight become
+            # stuck, which settles the question (hung) before the timeout.
+            while not (self._last_began >= asked or self._stopped or not (self._queue or self._inflight)):
+                left = deadline - time.monotonic()
+                if left <= 0 or (self.stuck and not stuck_before):
+                    break
+                self._cond.wait(min(left, 0.05))
             # A slow batch that went through while we waited, leaving nothing to try, counts.
             if self._last_began >= asked or not (self._queue or self._inflight):
                 return self._last_ok

@@ -147,6 +147,41 @@ def test_exit_builds_spans_when_a_slow_batch_went_through_while_it_asked():
     assert processor.exported == 1
 
 
+def test_exit_stops_asking_once_an_export_becomes_stuck():
+    # A hung collector holds an export until the exporter's timeout (10 s by default); once
+    # the export has been out a second, exit's question is answered: it stops waiting.
+    import threading
+
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+    from otel_graph.pipeline import ReliableSpanProcessor
+
+    class Held(SpanExporter):
+        def __init__(self) -> None:
+            self.started, self.release, self.ended = threading.Event(), threading.Event(), threading.Event()
+
+        def export(self, spans):
+            self.started.set()
+            self.release.wait(4)  # then it goes through: a probe that waited it out would say True
+            self.ended.set()
+            return SpanExportResult.SUCCESS
+
+    exporter = Held()
+    processor = ReliableSpanProcessor(exporter, max_queued=100, schedule_delay_s=0.01)
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    provider.get_tracer("t").start_span("only").end()
+    assert exporter.started.wait(5)
+    assert not processor.stuck
+    try:
+        assert processor.probe(timeout_s=25.0) is None
+        assert processor.stuck and not exporter.ended.is_set()  # it answered while the export was held
+    finally:
+        exporter.release.set()
+    assert exporter.ended.wait(5)
+
+
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
 def test_a_backed_up_queue_goes_out_in_large_requests_under_the_size_limit(protocol, monkeypatch):
     # Behind a busy main thread each request costs the export thread a fixed wait for the
