@@ -113,32 +113,47 @@ def test_a_failure_storm_behind_a_dead_collector_is_held_within_the_memory_budge
     assert stats["spans_exported"] == len(spans)
 
 
-def test_exit_builds_spans_when_a_slow_batch_went_through_while_it_asked():
-    # A batch in flight for over a second makes the processor look unhealthy; if it is
-    # accepted while exit asks, the collector is up, and the last spans must be built.
-    import threading
-    import time
+class _Held:
+    """A span exporter whose export takes ``hold_s`` (or until ``release``), then goes through."""
 
+    def __init__(self, hold_s: float) -> None:
+        import threading
+
+        self.hold_s = hold_s
+        self.started, self.release, self.ended = threading.Event(), threading.Event(), threading.Event()
+
+    def export(self, spans):
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        self.started.set()
+        self.release.wait(self.hold_s)
+        self.ended.set()
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        self.release.set()
+
+
+def _one_span_in_flight(exporter: _Held):
+    """A processor whose one span's export has begun."""
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
     from otel_graph.pipeline import ReliableSpanProcessor
 
-    class Slow(SpanExporter):
-        def __init__(self) -> None:
-            self.started = threading.Event()
-
-        def export(self, spans):
-            self.started.set()
-            time.sleep(1.3)
-            return SpanExportResult.SUCCESS
-
-    exporter = Slow()
     processor = ReliableSpanProcessor(exporter, max_queued=100, schedule_delay_s=0.01)
     provider = TracerProvider()
     provider.add_span_processor(processor)
     provider.get_tracer("t").start_span("only").end()
     assert exporter.started.wait(5)
+    return processor
+
+
+def test_exit_builds_spans_when_a_slow_batch_went_through_while_it_asked():
+    # A batch in flight for over a second makes the processor look unhealthy; if it is
+    # accepted while exit asks, the collector is up, and the last spans must be built.
+    import time
+
+    processor = _one_span_in_flight(_Held(1.3))
     deadline = time.monotonic() + 5
     while processor.healthy and time.monotonic() < deadline:
         time.sleep(0.05)  # the batch turns 'stuck' after a second in flight; no event marks that
@@ -150,29 +165,8 @@ def test_exit_builds_spans_when_a_slow_batch_went_through_while_it_asked():
 def test_exit_stops_asking_once_an_export_becomes_stuck():
     # A hung collector holds an export until the exporter's timeout (10 s by default); once
     # the export has been out a second, exit's question is answered: it stops waiting.
-    import threading
-
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-
-    from otel_graph.pipeline import ReliableSpanProcessor
-
-    class Held(SpanExporter):
-        def __init__(self) -> None:
-            self.started, self.release, self.ended = threading.Event(), threading.Event(), threading.Event()
-
-        def export(self, spans):
-            self.started.set()
-            self.release.wait(4)  # then it goes through: a probe that waited it out would say True
-            self.ended.set()
-            return SpanExportResult.SUCCESS
-
-    exporter = Held()
-    processor = ReliableSpanProcessor(exporter, max_queued=100, schedule_delay_s=0.01)
-    provider = TracerProvider()
-    provider.add_span_processor(processor)
-    provider.get_tracer("t").start_span("only").end()
-    assert exporter.started.wait(5)
+    exporter = _Held(4)  # then it goes through: a probe that waited it out would say True
+    processor = _one_span_in_flight(exporter)
     assert not processor.stuck
     try:
         assert processor.probe(timeout_s=25.0) is None
