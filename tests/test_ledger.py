@@ -57,13 +57,15 @@ def test_what_is_lost_keeps_its_prefix_duration_and_time_range():
     assert (row.prefix, row.count, row.duration_s, row.start_s, row.stop_s) == ("load", 2, 2.5, 100.0, 102.0)
 
 
-def test_a_worker_with_a_collector_down_for_good_keeps_a_bounded_ledger():
+def test_a_worker_with_a_collector_down_for_good_keeps_a_bounded_ledger(caplog):
     ledger = Ledger()
     ledger.join("w1")
     for i in range(MAX_OPEN_COMPUTES + 10):
         ledger.finished("w1", f"00-{i:032x}-{1:016x}-01", "inc", start_s=0.0, stop_s=0.0)
     assert ledger.outstanding("w1") == MAX_OPEN_COMPUTES
     assert ledger.untracked == 10
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "otel_graph"]  # said once
+    assert "stops keeping count" in warning
 
 
 rows = st.lists(st.one_of(

@@ -28,6 +28,10 @@ Only a worker that said it keeps accounts (:meth:`Ledger.join`, first thing on i
 stream) is tallied: one whose telemetry goes through someone else's exporter (an
 in-process worker) cannot say what was delivered.
 
+Limits: a kill within milliseconds of an export, before its report reaches the
+scheduler, counts those tasks twice; a worker whose stream to the scheduler breaks while
+it lives on has its unreported tasks counted as lost, though it may still deliver them.
+
 Prefixes: past :data:`~otel_graph.policy.MAX_AGGREGATES` of a compute on a worker, the
 ledger folds them into ``OTHER_PREFIXES`` as the worker folds its aggregates. The two may
 fold differently (the worker only folds what its budget leaves over), so a delivery that
@@ -49,12 +53,15 @@ exact, the split between prefixes a best effort.
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from otel_graph.events import OTHER_PREFIXES
 from otel_graph.policy import MAX_AGGREGATES
+
+logger = logging.getLogger("otel_graph")
 
 #: The event topic workers report deliveries on. No client subscribes to it; the
 #: scheduler keeps its last events like any topic's (a short, bounded deque).
@@ -142,6 +149,10 @@ class Ledger:
             compute = computes[traceparent] = _Compute()
             while len(computes) > MAX_OPEN_COMPUTES:
                 _, dropped = computes.popitem(last=False)
+                if not self.untracked:
+                    logger.warning("otel_graph: worker %s has not delivered telemetry for %d computes; the "
+                                   "scheduler stops keeping count of the oldest (tasks a loss of that worker "
+                                   "would take with it go uncounted)", worker, MAX_OPEN_COMPUTES)
                 self.untracked += sum(t.count for t in dropped.tallies.values())
         label = compute.label(prefix)
         tally = compute.tallies.get(label)
