@@ -322,7 +322,9 @@ def test_flush_returns_within_its_timeout_when_a_worker_is_paused(receiver):
 
 
 def test_workers_export_while_the_job_runs_without_any_flush(receiver):
-    """A worker killed with SIGKILL loses at most its last interval: spans leave without a flush."""
+    """Spans leave a worker every drain interval, without a flush: a live job is visible, and
+    a worker killed outright has delivered all but its last interval (the scheduler's ledger
+    counts the rest: test_worker_exits.py)."""
     proc = subprocess.Popen([sys.executable, str(APP), "--hold"], env=env_for(receiver), stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
