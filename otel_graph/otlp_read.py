@@ -35,7 +35,8 @@ KEPT_ATTRIBUTES = frozenset({
     "dask.task.key", "dask.task.prefix", "dask.worker.id", "dask.worker.name", "thread.id",
     "dask.task.nbytes", "dask.task.type", "dask.task.dependencies", "dask.task.dependency_count",
     "dask.task.count", "dask.task.aggregate", "dask.task.duration.sum", "dask.task.duration.max",
-    "dask.task.recovered", "dask.scheduler", "dask.graph.tasks", "error.type", "dask.transfer.bytes", "dask.transfer.source",
+    "dask.task.recovered", "dask.scheduler", "dask.graph.tasks", "error.type", "dask.transfer.bytes",
+    "dask.transfer.source",
 })
 KEPT_RESOURCE = frozenset({"service.name", "service.instance.id", "host.name", "process.pid",
                            "dask.worker.id", "dask.worker.name"})

@@ -28,8 +28,8 @@ Spilling is also counted in full, from the worker's own totals, as
 
 Each worker applies its share of the compute's span budget, and since it cannot know
 when a compute ends, it settles a compute (kept slow tasks, one aggregate per prefix)
-once it has run no task of it for :data:`SETTLE_AFTER_S`, and on every flush. Tasks that carry no trace context (a client that
-is not instrumented) still count in the metrics.
+once it has run no task of it for :data:`SETTLE_AFTER_S`, and on every flush. Tasks that
+carry no trace context (a client that is not instrumented) still count in the metrics.
 
 Where the telemetry goes: the worker's own ``OTEL_*`` variables; when the worker has
 none at all, those of the client that registered the plugin (they may hold exporter
