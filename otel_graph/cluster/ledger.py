@@ -66,8 +66,9 @@ logger = logging.getLogger("otel_graph")
 #: The event topic workers report deliveries on. No client subscribes to it; the
 #: scheduler keeps its last events like any topic's (a short, bounded deque).
 TOPIC = "otel-graph-delivered"
-#: Computes a worker's ledger keeps open at most: one that never exported for a thousand
-#: computes (a collector down for good) drops its oldest, counted in ``Ledger.untracked``.
+#: Computes a worker's ledger keeps open at most (a collector down for good, or a tight loop
+#: of computes whose aggregates wait 30 s to settle): past it the oldest is dropped, counted
+#: in ``Ledger.untracked`` and said once.
 MAX_OPEN_COMPUTES = 1024
 
 
@@ -150,9 +151,11 @@ class Ledger:
             while len(computes) > MAX_OPEN_COMPUTES:
                 _, dropped = computes.popitem(last=False)
                 if not self.untracked:
-                    logger.warning("otel_graph: worker %s has not delivered telemetry for %d computes; the "
-                                   "scheduler stops keeping count of the oldest (tasks a loss of that worker "
-                                   "would take with it go uncounted)", worker, MAX_OPEN_COMPUTES)
+                    logger.warning("otel_graph: worker %s holds undelivered telemetry of more than %d computes "
+                                   "(a collector that does not take it, or aggregates waiting for their "
+                                   "computes to settle); the scheduler stops keeping count of the oldest, whose "
+                                   "tasks a loss of that worker would take with it uncounted",
+                                   worker, MAX_OPEN_COMPUTES)
                 self.untracked += sum(t.count for t in dropped.tallies.values())
         label = compute.label(prefix)
         tally = compute.tallies.get(label)
