@@ -230,6 +230,7 @@ def test_a_worker_leaving_mid_graph_is_in_the_trace_and_every_task_is_traced(rec
         assert all(ran_by[key] - {victim} for key in lost), (lost, ran_by)
     # Whatever way the victim left, what it delivered was reported first: nothing counted twice.
     assert recovered_spans(receiver, root) == [], [s["attributes"] for s in recovered_spans(receiver, root)]
+    assert not any("dask.task.recovered" in e["attributes"] for e in root["events"])
     if how in ("retire", "term"):
         # Delivered by the victim on its way out: the spans of what it finished last, and its
         # task metrics, which with a 60 s export interval only an exit flush can have sent.
@@ -284,6 +285,9 @@ def test_a_worker_killed_before_it_delivered_anything_is_accounted_for(receiver,
         by_prefix[key.split("-")[0]] = by_prefix.get(key.split("-")[0], 0) + 1
     assert {s["attributes"]["dask.task.prefix"]: s["attributes"]["dask.task.count"] for s in recovered} == by_prefix
     assert {s["attributes"]["dask.worker.id"] for s in recovered} == {victim}
+    # The compute span's event for the lost worker says how many of its tasks went with it.
+    (lost,) = [e["attributes"] for e in root["events"] if e["name"] == "dask.worker.lost"]
+    assert (lost["dask.worker.id"], lost["dask.task.recovered"]) == (victim, len(victim_keys))
     assert all(s["attributes"]["dask.task.duration.sum"] >= 0 for s in recovered)
     assert all(s["start_ns"] <= s["end_ns"] for s in recovered)
     # Every task is accounted for: traced or aggregated where it ran last, or counted with
@@ -342,6 +346,9 @@ def test_a_worker_killed_mid_graph_leaves_a_trace_that_counts_every_run(receiver
     assert receiver.wait_for(lambda r: counted(r)[0] >= runs, timeout_s=STEP_S), (counted(receiver), runs)
     total, recovered = counted(receiver)
     assert total == runs and runs > 3001, (total, runs)
+    (root,) = roots(receiver)
+    (lost,) = [e["attributes"] for e in root["events"] if e["name"] == "dask.worker.lost"]
+    assert lost["dask.task.recovered"] == recovered
     # Past its share of the budget, the victim held its runs in aggregates until the compute
     # would settle: only the ledger's count can stand for them.
     assert recovered > 0
