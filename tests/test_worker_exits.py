@@ -391,9 +391,10 @@ class CommandLineCluster:
     their scheduler, so new ones are started, as a supervisor would.
     """
 
-    def __init__(self, directory: Path, env: dict[str, str]) -> None:
+    def __init__(self, directory: Path, env: dict[str, str], *, preload: bool = False) -> None:
         self._directory = directory
         self._env = env
+        self._preload = ["--preload", "otel_graph"] if preload else []
         self._procs: list[subprocess.Popen] = []
         self.scheduler: subprocess.Popen | None = None
         self.port = 0
@@ -409,7 +410,8 @@ class CommandLineCluster:
         scheduler_file = self._directory / f"scheduler-{len(self._procs)}.json"
         self.scheduler = self._spawn(
             ["distributed.cli.dask_scheduler", "--scheduler-file", str(scheduler_file), "--host", "127.0.0.1",
-             "--port", str(self.port), "--dashboard-address", ":0"], f"scheduler-{len(self._procs)}.log")
+             "--port", str(self.port), "--dashboard-address", ":0", *self._preload],
+            f"scheduler-{len(self._procs)}.log")
         address = _wait_for_address(scheduler_file, self.scheduler)
         self.port = int(address.rsplit(":", 1)[1])
         return address
@@ -417,7 +419,7 @@ class CommandLineCluster:
     def start_workers(self, address: str, count: int = 2) -> None:
         for i in range(count):
             self._spawn(["distributed.cli.dask_worker", address, "--nthreads", "1", "--name", f"w{i}",
-                         "--no-dashboard", "--memory-limit", "1GB"], f"worker-{len(self._procs)}.log")
+                         "--no-dashboard", "--memory-limit", "1GB", *self._preload], f"worker-{len(self._procs)}.log")
 
     def kill_scheduler(self) -> None:
         self.scheduler.kill()
@@ -433,6 +435,30 @@ class CommandLineCluster:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)  # with the nanny's worker process
                 proc.wait()
+
+
+def test_a_preloaded_worker_killed_before_it_delivered_is_accounted_for(receiver, tmp_path):
+    """The HPC way: ``dask scheduler|worker --preload otel_graph``, each process with its own
+    OTEL_* settings, and an instrumented client. A worker SIGKILLed (as by the OOM killer)
+    before the collector took anything of it: the preloaded scheduler's ledger counted its
+    runs, and the client recovers them."""
+    env = env_for(receiver, OTEL_METRIC_EXPORT_INTERVAL="60000")
+    cluster = CommandLineCluster(tmp_path, env, preload=True)
+    try:
+        address = cluster.start_scheduler()
+        cluster.start_workers(address)
+        stderr, victim, victim_keys = leave_while_refused(receiver, tmp_path, "--how", "kill", "--now",
+                                                          "--scheduler", address, env=env)
+    finally:
+        cluster.close()
+    assert "Traceback" not in stderr or "/otel_graph/" not in stderr, stderr[-4000:]
+    assert not keys_from(receiver, victim)
+
+    def recovered_count(r: OtlpReceiver) -> int:
+        return sum(s["attributes"]["dask.task.count"] for root in roots(r) for s in recovered_spans(r, root))
+
+    assert receiver.wait_for(lambda r: recovered_count(r) == len(victim_keys), timeout_s=STEP_S), \
+        (recovered_count(receiver), sorted(victim_keys))
 
 
 def test_a_scheduler_killed_and_started_again_on_its_address(receiver, tmp_path):

@@ -12,6 +12,8 @@ the one to fix. Checked against distributed 2026.8:
   worker adds ``worker.scheduler_delay``); ``disk-read``/``disk-write`` are on the
   worker's own. :func:`task_run` puts them all back on the worker's clock.
 * transfers are logged with their bytes in ``worker.transfer_incoming_log``.
+* the worker's stream to the scheduler is ``worker.batched_stream`` (a ``BatchedSend``:
+  ``comm`` while connected, ``close()`` sends what it holds first).
 * scheduler: ``task_prefixes[*].states`` (current counts), ``workers[*].memory`` (a
   ``MemoryState``) and ``workers[*].memory_limit``; ``SchedulerPlugin.transition``'s
   keywords for ``processing -> memory|erred`` (the worker's message: ``worker``,
@@ -234,6 +236,22 @@ class _Once:
                 return
             self._done = True
         self._callback(self._key, status, error)
+
+
+def stream_open(worker: Any) -> bool:
+    """Whether the worker's stream to the scheduler is up (``Worker.batched_send`` drops
+    messages silently while it is not)."""
+    comm = getattr(getattr(worker, "batched_stream", None), "comm", None)
+    return comm is not None and not comm.closed()
+
+
+def close_stream(worker: Any, *, timeout_s: float) -> Any:
+    """An awaitable that sends what the worker's stream to the scheduler holds, then closes
+    it (``BatchedSend.close``); None when there is no stream."""
+    stream = getattr(worker, "batched_stream", None)
+    if stream is None or getattr(stream, "comm", None) is None:
+        return None
+    return stream.close(timeout=timeout_s)
 
 
 def is_closing(worker: Any) -> bool:

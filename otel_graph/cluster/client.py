@@ -209,7 +209,7 @@ class ClusterCapture:
 
     def _plugins(self) -> tuple[Any, Any]:
         env = _client_env()
-        return SchedulerTelemetryPlugin(env), WorkerTelemetryPlugin(env, accounts=True)
+        return SchedulerTelemetryPlugin(env), WorkerTelemetryPlugin(env)
 
     def _join(self, client: Any) -> None:
         # The plugins are idempotent: a cluster that has them (another client) keeps them as

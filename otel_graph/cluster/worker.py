@@ -114,8 +114,7 @@ class _Trace:
 class WorkerTelemetry:
     """Per worker: records runs from the event loop, builds telemetry on a thread."""
 
-    def __init__(self, worker: Any, *, providers: Any, settings: Any, in_process: bool = False,
-                 accounts: bool = False) -> None:
+    def __init__(self, worker: Any, *, providers: Any, settings: Any, in_process: bool = False) -> None:
         self.address, self.name = adapter.worker_identity(worker)
         self._worker_ref = weakref.ref(worker)
         self._providers = providers
@@ -139,8 +138,11 @@ class WorkerTelemetry:
         self._interval = interval
         self._thread = threading.Thread(target=self._run, name="otel-graph-worker", daemon=True)
         self._thread.start()
-        #: Reports what its exporter delivered to the scheduler's ledger (:mod:`.ledger`).
-        self.keeps_accounts = accounts and not in_process and _count_deliveries(providers)
+        #: Reports what its exporter delivered to the scheduler's ledger (:mod:`.ledger`). A
+        #: report is an event on a topic of its own: a scheduler without otel_graph's plugin
+        #: keeps its last few like any event, and reads none. A worker in an instrumented
+        #: process exports through that process's pipeline, which is not its to count.
+        self.keeps_accounts = not in_process and _count_deliveries(providers)
         self._joined = self._said_closing = False
         if self.keeps_accounts:
             _ProcessTelemetry.accounts[self.address] = self
@@ -157,6 +159,11 @@ class WorkerTelemetry:
             return
         if run is None:
             return
+        if not self._joined and self.keeps_accounts:
+            # Joins the ledger ahead of this run's task-finished message, which the worker
+            # sends after this hook: a worker set up before it was connected (--preload)
+            # could not join then.
+            self.report_deliveries()
         pending = self._pending
         pending.append(run)
         if len(pending) == _DRAIN_AT:
@@ -179,11 +186,12 @@ class WorkerTelemetry:
         if not rows and self._joined and not closing:
             return False
         self._said_closing = closing
+        connected = adapter.stream_open(worker)  # else distributed drops the message
         try:
             worker.log_event(ledger.TOPIC, {"delivered": rows, "closing": closing})
         except Exception:  # the worker's loop is gone: so is the scheduler's ledger of it
             return False
-        self._joined = True
+        self._joined = self._joined or connected
         return True
 
     # -- flush and close ------------------------------------------------------------------
@@ -409,7 +417,7 @@ def _trace_nested_computes(providers: Any, settings: Any) -> None:
     _ProcessTelemetry.nested = (tracker, capture)
 
 
-def _start(worker: Any, client_env: dict[str, str], *, accounts: bool = False) -> WorkerTelemetry | None:
+def _start(worker: Any, client_env: dict[str, str]) -> WorkerTelemetry | None:
     from otel_graph.config import load_settings
     from otel_graph.instrumentation import add_aggregated_source, ensure_exit_hook, live_providers
 
@@ -431,8 +439,8 @@ def _start(worker: Any, client_env: dict[str, str], *, accounts: bool = False) -
             _deliver_on_sigterm()
         ensure_exit_hook()
         add_aggregated_source(_tasks_aggregated)
-        telemetry = _ProcessTelemetry.by_worker[worker] = WorkerTelemetry(
-            worker, providers=providers, settings=settings, in_process=in_process, accounts=accounts)
+        telemetry = _ProcessTelemetry.by_worker[worker] = WorkerTelemetry(worker, providers=providers,
+                                                                          settings=settings, in_process=in_process)
         _observe_spill(providers.meter_provider)
         return telemetry
 
@@ -530,12 +538,12 @@ def _end_once_reported(signum: int) -> bool:
     import asyncio
 
     workers = [t._worker_ref() for t in list(_ProcessTelemetry.accounts.values()) if t._joined]
-    streams = [w.batched_stream for w in workers if getattr(w, "batched_stream", None) is not None]
+    workers = [w for w in workers if w is not None and adapter.stream_open(w)]
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
         return False
-    if not streams:
+    if not workers:
         return False
     pid = os.getpid()
 
@@ -545,8 +553,9 @@ def _end_once_reported(signum: int) -> bool:
     async def flush_then_end() -> None:
         try:
             await asyncio.sleep(0)  # the report's own callback runs first
-            await asyncio.wait_for(asyncio.gather(*(s.close(timeout=_REPORT_ON_SIGTERM_S) for s in streams),
-                                                  return_exceptions=True), _REPORT_ON_SIGTERM_S)
+            closings = [adapter.close_stream(w, timeout_s=_REPORT_ON_SIGTERM_S) for w in workers]
+            await asyncio.wait_for(asyncio.gather(*(c for c in closings if c is not None), return_exceptions=True),
+                                   _REPORT_ON_SIGTERM_S)
         except BaseException:
             pass
         end()
@@ -667,11 +676,8 @@ class WorkerTelemetryPlugin(WorkerPlugin):
     name = PLUGIN_NAME
     idempotent = True  # registering again (another client) keeps the one in place
 
-    def __init__(self, client_env: dict[str, str] | None = None, *, accounts: bool = False) -> None:
+    def __init__(self, client_env: dict[str, str] | None = None) -> None:
         self._sealed_env = seal_env(dict(client_env or {}))
-        #: Report deliveries to the scheduler's ledger: only where the scheduler has our
-        #: plugin to read them (an instrumented client registers both).
-        self._accounts = accounts
         self._telemetry: WorkerTelemetry | None = None
         self._worker: Any = None
 
@@ -681,7 +687,7 @@ class WorkerTelemetryPlugin(WorkerPlugin):
     def setup(self, worker: Any) -> None:
         self._worker = worker
         try:
-            self._telemetry = _start(worker, unseal_env(self._sealed_env), accounts=getattr(self, "_accounts", False))
+            self._telemetry = _start(worker, unseal_env(self._sealed_env))
         except Exception as exc:
             # A bad configuration here must not take the worker down; say so once, without values.
             logger.warning("otel_graph: telemetry is off on worker %s: %s", getattr(worker, "address", "?"),

@@ -2,8 +2,8 @@
 
 Configured the user's way, through OTEL_* variables, plus a scenario:
 
-``exit --how retire|close|term|kill [--now]``
-    A LocalCluster of two worker processes runs a 13-task graph (:func:`held_graph`)
+``exit --how retire|close|term|kill [--now] [--scheduler ADDR]``
+    A LocalCluster of two worker processes (or the test's cluster at ADDR) runs a 13-task graph (:func:`held_graph`)
     whose two ``hold`` tasks wait for a marker file. Once both hold tasks run, the
     worker running ``hold-0`` (the victim) is named (VICTIM, and
     VICTIM_KEYS, the tasks it has computed) and READY is printed; after a line on
@@ -122,11 +122,16 @@ def undelivered(dask_scheduler: Any = None, worker: str = "") -> int:
     return dask_scheduler.plugins["otel-graph"]._ledger.outstanding(worker)
 
 
-def scenario_exit(how: str, *, now: bool = False) -> None:
+def scenario_exit(how: str, *, now: bool = False, scheduler: str | None = None) -> None:
     import otel_graph
+    from distributed import Client
 
     handle = otel_graph.instrument_scheduler()
-    cluster, client = local_cluster()
+    if scheduler is None:
+        cluster, client = local_cluster()
+    else:  # a cluster of the test's, started with the dask commands
+        cluster, client = None, Client(scheduler, timeout=DEADLINE_S)
+        client.wait_for_workers(2, timeout=DEADLINE_S)
     print_workers(client)
     marker = os.path.join(tempfile.mkdtemp(), "release")
     result: list[Any] = []
@@ -161,7 +166,8 @@ def scenario_exit(how: str, *, now: bool = False) -> None:
     print("RESULT", result[0] if result else "none", flush=True)
     print("FLUSHED", handle.flush(timeout_s=30), flush=True)
     client.close()
-    cluster.close()
+    if cluster is not None:
+        cluster.close()
 
 
 def wide_graph(n: int) -> dict[str, tuple]:
@@ -336,7 +342,7 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=1500)
     args = parser.parse_args()
     if args.scenario == "exit":
-        scenario_exit(args.how, now=args.now)
+        scenario_exit(args.how, now=args.now, scheduler=args.scheduler)
     elif args.scenario == "accounted":
         scenario_accounted(args.tasks)
     elif args.scenario == "restart":
