@@ -4,7 +4,9 @@
 name                       unit       attributes
 =========================  =========  ================================================
 ``dask.task.duration``     ``s``      ``dask.task.prefix``, ``dask.scheduler``,
-                                      ``dask.task.outcome`` (``success``/``error``)
+                                      ``dask.task.outcome`` (``success``/``error``);
+                                      ``dask.task.recovered`` on runs a lost
+                                      worker never exported (:meth:`TaskMetrics.record_recovered`)
 ``dask.task.output.size``  ``By``     ``dask.task.prefix``
 ``dask.compute.duration``  ``s``      ``dask.scheduler``, ``dask.task.outcome``
 ``dask.memory.tasks``      ``{task}`` ``dask.scheduler``: results held right now (the
@@ -113,6 +115,18 @@ class TaskMetrics:
         collector's span metrics make series per name.
         """
         return prefix if prefix in self._prefixes else OTHER_PREFIXES
+
+    def record_recovered(self, prefix: str, *, failed: bool, count: int, duration_s: float) -> None:
+        """``count`` runs of a lost worker's, from the scheduler's count: ``dask.task.recovered=true``.
+
+        Their own times are gone: each is recorded at the mean, so the histogram's count and
+        sum are exact and its buckets approximate. ``OTHER_PREFIXES`` stands for runs the
+        worker labelled with the overflow attribute.
+        """
+        label = None if prefix == OTHER_PREFIXES else prefix if prefix in self._prefixes else self._admit(prefix)
+        attributes = (*self._task_attributes(label, "distributed", failed), ("dask.task.recovered", True))
+        with self.batch():
+            self._duration(attributes, [duration_s / count] * count)
 
     def admitted_name(self, prefix: str) -> str:
         """:meth:`span_name`, for a span of tasks this process never recorded (it admits ``prefix``)."""

@@ -411,6 +411,9 @@ class CountingMetricExporter(MetricExporter):
         self._lock = threading.Lock()
         self._given_up = False
         self._hurried = False
+        #: Called with each export the collector took (a distributed worker reports its task
+        #: counts to the scheduler: :mod:`otel_graph.cluster.ledger`).
+        self.on_delivered: Callable[[MetricsData], None] | None = None
 
     @property
     def stuck(self) -> bool:
@@ -468,6 +471,11 @@ class CountingMetricExporter(MetricExporter):
                 self.exported += points
             else:
                 self.undelivered += points
+        if result == MetricExportResult.SUCCESS and self.on_delivered is not None:
+            try:
+                self.on_delivered(metrics_data)
+            except Exception:
+                logger.debug("otel_graph: counting delivered points failed", exc_info=True)
         return result
 
     def _export(self, metrics_data: MetricsData, timeout_millis: float, **kwargs: Any) -> MetricExportResult:

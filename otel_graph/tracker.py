@@ -416,6 +416,10 @@ class Tracker:
         ApiEmitter(self._tracer).emit(parent=parent, name=self._metrics.admitted_name(prefix), start_ns=start_ns,
                                       end_ns=max(start_ns, end_ns), attributes=attributes)
 
+    def recovered_runs(self, prefix: str, *, failed: bool, count: int, duration_s: float) -> None:
+        """Task metrics for runs a lost worker finished but never exported (from any thread)."""
+        self._metrics.record_recovered(prefix, failed=failed, count=count, duration_s=duration_s)
+
     def _finish(self, record: ComputeRecord, plan: SpanPlan) -> None:
         plan.finish()
         span = record.span

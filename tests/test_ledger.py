@@ -9,12 +9,20 @@ from __future__ import annotations
 
 from types import SimpleNamespace as NS
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from otel_graph.cluster.ledger import MAX_OPEN_COMPUTES, Deliveries, Ledger
+from otel_graph.cluster.ledger import (
+    MAX_OPEN_COMPUTES,
+    Deliveries,
+    Ledger,
+    LostRuns,
+    MetricDeliveries,
+    MetricLedger,
+)
 from otel_graph.cluster.scheduler import SchedulerTelemetryPlugin
 from otel_graph.events import OTHER_PREFIXES
+from otel_graph.metrics import MAX_METRIC_PREFIXES
 from otel_graph.policy import MAX_AGGREGATES
 
 TP = "00-0000000000000000000000000000000a-000000000000000b-01"
@@ -77,6 +85,7 @@ rows = st.lists(st.one_of(
 
 @settings(max_examples=300, deadline=None)
 @given(report=st.one_of(rows, st.none(), st.text(), st.dictionaries(st.text(), st.integers())))
+@example(report=[[TP, "inc", float("inf"), 1], [TP, "inc", 1, float("nan")]])
 def test_any_report_is_taken_without_raising(report):
     ledger = Ledger()
     ledger.join("w1")
@@ -157,3 +166,67 @@ def test_a_closing_worker_settles_its_own_and_only_runs_after_its_goodbye_are_lo
     ledger.finished("w1", TP, "inc", start_s=2.0, stop_s=3.0)
     ledger.delivered("w1", [[TP, "inc", 1, 10**9]])  # a late report is not the ledger's to take
     assert lost_by_prefix(ledger, "w1") == {"inc": 1}
+
+
+def test_a_lost_worker_s_runs_are_what_finished_less_its_last_delivered_counts():
+    runs = MetricLedger()
+    runs.join("w1")
+    for prefix, failed in [("inc", False)] * 5 + [("inc", True)] * 2 + [("sum", False)]:
+        runs.finished("w1", prefix, failed=failed, duration_s=0.1)
+    runs.delivered("w1", [["inc", False, 2, 200_000_000]])
+    runs.delivered("w1", [["inc", False, 4, 400_000_000], ["inc", True, 2, 1]])  # cumulative: the later wins
+    assert sorted(runs.lost("w1")) == [LostRuns("inc", False, 1, 0.1), LostRuns("sum", False, 1, 0.1)]
+    assert runs.lost("w1") == []
+
+
+def test_runs_past_the_metric_prefix_limit_settle_against_the_overflow_label():
+    runs = MetricLedger()
+    runs.join("w1")
+    prefixes = [f"x{i}" for i in range(MAX_METRIC_PREFIXES + 10)]
+    for prefix in prefixes:
+        runs.finished("w1", prefix, failed=False, duration_s=0.0)
+    # The worker labelled its first 1,990 itself and the rest overflow: 20 of them in all.
+    report = [[p, False, 1, 0] for p in prefixes[:MAX_METRIC_PREFIXES - 10]] + [[OTHER_PREFIXES, False, 19, 0]]
+    runs.delivered("w1", report)
+    assert sum(row.count for row in runs.lost("w1")) == 1
+
+
+def test_a_closing_worker_settles_its_own_runs():
+    runs = MetricLedger()
+    runs.join("w1")
+    runs.finished("w1", "inc", failed=False, duration_s=1.0)
+    runs.delivered("w1", None, closing=True)
+    runs.finished("w1", "inc", failed=False, duration_s=1.0)  # after its goodbye
+    runs.delivered("w1", [["inc", False, 9, 0]])  # not the ledger's to take any more
+    assert runs.lost("w1") == [LostRuns("inc", False, 1, 1.0)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(report=st.one_of(rows, st.none(), st.text(), st.dictionaries(st.text(), st.integers())))
+@example(report=[["inc", False, float("inf"), 1], ["inc", False, 1, float("nan")]])
+def test_any_task_count_report_is_taken_without_raising(report):
+    runs = MetricLedger()
+    runs.join("w1")
+    runs.finished("w1", "inc", failed=False, duration_s=1.0)
+    runs.delivered("w1", report)
+    assert sum(row.count for row in runs.lost("w1")) in (0, 1)
+
+
+def test_metric_deliveries_sum_delta_exports_and_keep_the_latest_cumulative_ones():
+    def export(count: int, *, temporality: int, outcome: str = "success") -> NS:
+        point = NS(attributes={"dask.task.prefix": "inc", "dask.task.outcome": outcome}, count=count, sum=count / 10)
+        other = NS(name="dask.task.output.size", data=NS(aggregation_temporality=temporality, data_points=[point]))
+        metric = NS(name="dask.task.duration", data=NS(aggregation_temporality=temporality, data_points=[point]))
+        return NS(resource_metrics=[NS(scope_metrics=[NS(metrics=[other, metric])])])
+
+    delta = MetricDeliveries()
+    delta.count(export(3, temporality=1))
+    delta.count(export(2, temporality=1))
+    delta.count(export(1, temporality=1, outcome="error"))
+    assert sorted(delta.take()) == [["inc", False, 5, 500_000_000], ["inc", True, 1, 100_000_000]]
+    cumulative = MetricDeliveries()
+    cumulative.count(export(3, temporality=2))
+    cumulative.count(export(5, temporality=2))
+    assert cumulative.take() == [["inc", False, 5, 500_000_000]]
+    cumulative.count(export(5, temporality=2))
+    assert cumulative.take() == []  # unchanged: nothing to report

@@ -176,6 +176,20 @@ def keys_from(receiver: OtlpReceiver, worker: str) -> set[str]:
             if s["resource"].get("dask.worker.id") == worker and "dask.task.key" in s["attributes"]}
 
 
+def task_runs_counted(receiver: OtlpReceiver, *, recovered: bool | None = None) -> int:
+    """Runs in every process's ``dask.task.duration`` histograms (cumulative: each series' latest
+    count); with ``recovered``, only those a client recorded for a lost worker, or none of them."""
+    latest: dict[tuple, int] = {}
+    for point in receiver.metrics():
+        if point["name"] != "dask.task.duration":
+            continue
+        if recovered is not None and bool(point["attributes"].get("dask.task.recovered")) != recovered:
+            continue
+        key = (point["resource"].get("service.instance.id"), tuple(sorted(point["attributes"].items())))
+        latest[key] = max(latest.get(key, 0), point["count"])
+    return sum(latest.values())
+
+
 def tasks_counted_by(receiver: OtlpReceiver, worker: str) -> int:
     """Tasks in the ``dask.task.duration`` histograms a worker exported (cumulative: the latest count)."""
     latest: dict[tuple, int] = {}
@@ -285,6 +299,9 @@ def test_a_worker_killed_before_it_delivered_anything_is_accounted_for(receiver,
         by_prefix[key.split("-")[0]] = by_prefix.get(key.split("-")[0], 0) + 1
     assert {s["attributes"]["dask.task.prefix"]: s["attributes"]["dask.task.count"] for s in recovered} == by_prefix
     assert {s["attributes"]["dask.worker.id"] for s in recovered} == {victim}
+    # Its task metrics (export interval 60 s) never left it either: the client recorded them.
+    assert receiver.wait_for(lambda r: task_runs_counted(r, recovered=True) == len(victim_keys), timeout_s=STEP_S), \
+        task_runs_counted(receiver, recovered=True)
     # The compute span's event for the lost worker says how many of its tasks went with it.
     (lost,) = [e["attributes"] for e in root["events"] if e["name"] == "dask.worker.lost"]
     assert (lost["dask.worker.id"], lost["dask.task.recovered"]) == (victim, len(victim_keys))
@@ -346,6 +363,9 @@ def test_a_worker_killed_mid_graph_leaves_a_trace_that_counts_every_run(receiver
     assert receiver.wait_for(lambda r: counted(r)[0] >= runs, timeout_s=STEP_S), (counted(receiver), runs)
     total, recovered = counted(receiver)
     assert total == runs and runs > 3001, (total, runs)
+    # And the task metrics of every process, the lost worker's runs recorded by the client.
+    assert receiver.wait_for(lambda r: task_runs_counted(r) == runs, timeout_s=STEP_S), (task_runs_counted(receiver), runs)
+    assert task_runs_counted(receiver, recovered=True) > 0
     (root,) = roots(receiver)
     (lost,) = [e["attributes"] for e in root["events"] if e["name"] == "dask.worker.lost"]
     assert lost["dask.task.recovered"] == recovered

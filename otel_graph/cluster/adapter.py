@@ -328,7 +328,7 @@ def task_states(scheduler: Any) -> dict[str, int]:
 class FinishedRun(NamedTuple):
     """A run the scheduler just accepted as finished (``processing -> memory|erred``)."""
 
-    note: Any  # the task's annotation of ours
+    note: Any  # the task's annotation of ours; None for a task without one
     prefix: str
     start_s: float  # its compute phase, on the scheduler's clock
     stop_s: float
@@ -336,12 +336,12 @@ class FinishedRun(NamedTuple):
 
 def finished_run(scheduler: Any, key: Any, details: dict, *, annotation_name: str) -> FinishedRun | None:
     """From ``SchedulerPlugin.transition``'s keywords (the worker's ``task-finished`` or
-    ``task-erred`` message: ``worker``, ``startstops``); None for a task not of ours."""
+    ``task-erred`` message: ``worker``, ``startstops``); None for a task the scheduler no longer has."""
     ts = scheduler.tasks.get(key)
+    if ts is None:
+        return None
     annotations = getattr(ts, "annotations", None)
     note = annotations.get(annotation_name) if annotations else None
-    if note is None:
-        return None
     start = stop = None
     for entry in details.get("startstops") or ():
         if isinstance(entry, dict) and entry.get("action") == "compute":

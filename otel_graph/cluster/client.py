@@ -310,6 +310,8 @@ class ClusterCapture:
                     record.graph_tasks = (record.graph_tasks or 0) + int(message.get("tasks", 0))
             elif message.get("op") == "worker-lost":
                 self._worker_lost(cluster, message, self._recover(client_id, message))
+                if message.get("runs_recorder") == client_id:
+                    self._recover_runs(message)
         except Exception:
             logger.debug("otel_graph: bad scheduler event", exc_info=True)
 
@@ -356,6 +358,17 @@ class ClusterCapture:
             except Exception:
                 logger.debug("otel_graph: bad row of lost telemetry", exc_info=True)
         return per_compute
+
+    def _recover_runs(self, message: dict) -> None:
+        """Task metrics for a lost worker's runs whose own never left it (:mod:`.ledger`)."""
+        for row in message.get("lost_runs") or ():
+            try:
+                prefix, failed, count, duration_s = row
+                if int(count) > 0:
+                    self._tracker.recovered_runs(str(prefix), failed=bool(failed), count=int(count),
+                                                 duration_s=float(duration_s))
+            except Exception:
+                logger.debug("otel_graph: bad row of lost task metrics", exc_info=True)
 
     # -- wrappers --------------------------------------------------------------------------
     def _wrap_start(self, original: Any) -> Any:

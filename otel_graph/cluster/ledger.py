@@ -28,6 +28,12 @@ Only a worker that said it keeps accounts (:meth:`Ledger.join`, first thing on i
 stream) is tallied: one whose telemetry goes through someone else's exporter (an
 in-process worker) cannot say what was delivered.
 
+Task metrics are kept the same way by a :class:`MetricLedger`: every run a worker
+finishes (task metrics count every task, traced or not), per prefix and outcome,
+against the cumulative ``dask.task.duration`` counts of the worker's last delivered
+metric export (:class:`MetricDeliveries`). What a lost worker took with it, one
+instrumented client records into its own task metrics, marked ``dask.task.recovered``.
+
 Limits: a kill within milliseconds of an export, before its report reaches the
 scheduler, counts those tasks twice; a worker whose stream to the scheduler breaks while
 it lives on has its unreported tasks counted as lost, though it may still deliver them.
@@ -55,10 +61,12 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from otel_graph.events import OTHER_PREFIXES
+from otel_graph.metrics import MAX_METRIC_PREFIXES
 from otel_graph.policy import MAX_AGGREGATES
 
 logger = logging.getLogger("otel_graph")
@@ -125,6 +133,19 @@ class _Compute:
                 del tallies[name]
 
 
+def _rows(entries: Any) -> Iterator[tuple[Any, Any, int, int]]:
+    """The well-formed rows of a worker's report: two keys, then a count and nanoseconds."""
+    if not isinstance(entries, (list, tuple)):  # msgpack makes lists tuples
+        return
+    for entry in entries:
+        try:
+            first, second, count, duration_ns = entry
+            row = first, second, int(count), int(duration_ns)
+        except (TypeError, ValueError, OverflowError):  # not four values; not numbers; inf
+            continue
+        yield row
+
+
 class Ledger:
     """On the scheduler: per worker, what ran there and was not yet delivered."""
 
@@ -175,14 +196,7 @@ class Ledger:
             self._closing.add(worker)
             self._workers[worker] = OrderedDict()
             return
-        if not isinstance(entries, (list, tuple)):  # msgpack makes lists tuples
-            return
-        for entry in entries:
-            try:
-                traceparent, prefix, count, duration_ns = entry
-                count, duration_ns = int(count), int(duration_ns)
-            except (TypeError, ValueError):
-                continue
+        for traceparent, prefix, count, duration_ns in _rows(entries):
             compute = computes.get(traceparent)
             if compute is None or count <= 0:
                 continue
@@ -205,6 +219,105 @@ class Ledger:
     def forget(self, worker: str) -> None:
         self._workers.pop(worker, None)
         self._closing.discard(worker)
+
+
+class LostRuns(NamedTuple):
+    """Runs of one prefix and outcome whose task metrics a removed worker took with it."""
+
+    prefix: str  # OTHER_PREFIXES: those the worker labelled otel.metric.overflow
+    failed: bool
+    count: int
+    duration_s: float
+
+
+class _WorkerRuns:
+    __slots__ = ("finished", "delivered", "labels", "closing")
+
+    def __init__(self) -> None:
+        #: (label, failed) -> [runs, summed duration ns]: finished there, and as last delivered.
+        self.finished: dict[tuple[str, bool], list[int]] = {}
+        self.delivered: dict[tuple[str, bool], list[int]] = {}
+        self.labels: set[str] = set()
+        self.closing = False
+
+
+class MetricLedger:
+    """On the scheduler: per worker, runs finished against its delivered task metrics.
+
+    >>> runs = MetricLedger()
+    >>> runs.join("w1")
+    >>> for _ in range(3):
+    ...     runs.finished("w1", "inc", failed=False, duration_s=0.5)
+    >>> runs.delivered("w1", [["inc", False, 1, 500_000_000]])  # cumulative counts
+    >>> runs.lost("w1")
+    [LostRuns(prefix='inc', failed=False, count=2, duration_s=1.0)]
+    """
+
+    def __init__(self) -> None:
+        self._workers: dict[str, _WorkerRuns] = {}
+
+    def join(self, worker: str) -> None:
+        self._workers.setdefault(worker, _WorkerRuns())
+
+    def finished(self, worker: str, prefix: str, *, failed: bool, duration_s: float) -> None:
+        runs = self._workers.get(worker)
+        if runs is None:
+            return
+        # Labelled as the worker labels its metrics: its first MAX_METRIC_PREFIXES prefixes.
+        if prefix not in runs.labels:
+            if len(runs.labels) < MAX_METRIC_PREFIXES:
+                runs.labels.add(prefix)
+            else:
+                prefix = OTHER_PREFIXES
+        tally = runs.finished.get((prefix, failed))
+        if tally is None:
+            tally = runs.finished[(prefix, failed)] = [0, 0]
+        tally[0] += 1
+        tally[1] += max(0, int(duration_s * 1e9))
+
+    def delivered(self, worker: str, entries: Any, *, closing: bool = False) -> None:
+        """A worker's report: ``[label, failed, runs, duration_ns]`` rows, cumulative. Never raises."""
+        runs = self._workers.get(worker)
+        if runs is None or runs.closing:
+            return
+        if closing:  # what it has not delivered is its own to deliver or count, from here on
+            runs.finished, runs.delivered, runs.closing = {}, {}, True
+            return
+        for label, failed, count, duration_ns in _rows(entries):
+            if count >= 0:
+                runs.delivered[(str(label), bool(failed))] = [count, max(0, duration_ns)]
+
+    def lost(self, worker: str) -> list[LostRuns]:
+        """What the worker took with it; its ledger is closed.
+
+        Per label, finished less delivered. Deliveries under a label the scheduler did not
+        count (the two fold past the limit differently) are taken from the others, the
+        overflow label first: the total is exact, the split a best effort.
+        """
+        runs = self._workers.pop(worker, None)
+        if runs is None:
+            return []
+        left: dict[tuple[str, bool], list[int]] = {}
+        surplus = [0, 0]
+        for key in {*runs.finished, *runs.delivered}:
+            done, sent = runs.finished.get(key, [0, 0]), runs.delivered.get(key, [0, 0])
+            count, duration_ns = done[0] - sent[0], done[1] - sent[1]
+            if count > 0:
+                left[key] = [count, max(0, duration_ns)]
+            elif count < 0:
+                surplus[0] -= count
+        for key in sorted(left, key=lambda k: k[0] != OTHER_PREFIXES):
+            if surplus[0] <= 0:
+                break
+            taken = min(surplus[0], left[key][0])
+            left[key][1] -= left[key][1] * taken // left[key][0]
+            left[key][0] -= taken
+            surplus[0] -= taken
+        return [LostRuns(label, failed, count, duration_ns / 1e9)
+                for (label, failed), (count, duration_ns) in left.items() if count > 0]
+
+    def forget(self, worker: str) -> None:
+        self._workers.pop(worker, None)
 
 
 class Deliveries:
@@ -266,3 +379,64 @@ class Deliveries:
             counts = self._counts.pop(worker, {})
         return [[traceparent, prefix, tasks, duration_ns]
                 for (traceparent, prefix), (tasks, duration_ns) in counts.items()]
+
+
+class MetricDeliveries:
+    """In a worker process: the cumulative ``dask.task.duration`` counts its metric exporter delivered.
+
+    Fed with each delivered export (:meth:`count`), delta temporality summed up;
+    :meth:`take` returns every label's totals when they changed since the last take.
+
+    >>> from types import SimpleNamespace as NS
+    >>> point = NS(attributes={"dask.task.prefix": "inc", "dask.task.outcome": "success"}, count=3, sum=0.25)
+    >>> metric = NS(name="dask.task.duration", data=NS(aggregation_temporality=2, data_points=[point]))
+    >>> data = NS(resource_metrics=[NS(scope_metrics=[NS(metrics=[metric])])])
+    >>> deliveries = MetricDeliveries()
+    >>> deliveries.count(data)
+    >>> deliveries.take(), deliveries.take()
+    ([['inc', False, 3, 250000000]], [])
+    """
+
+    def __init__(self) -> None:
+        import threading
+
+        self._lock = threading.Lock()
+        self._totals: dict[tuple[str, bool], list[int]] = {}
+        self._changed = False
+
+    def count(self, metrics_data: Any) -> None:
+        seen: dict[tuple[str, bool], list[int]] = {}
+        delta = False
+        for resource in metrics_data.resource_metrics:
+            for scope in resource.scope_metrics:
+                for metric in scope.metrics:
+                    if metric.name != "dask.task.duration":
+                        continue
+                    delta = int(getattr(metric.data, "aggregation_temporality", 2)) == 1  # DELTA
+                    for point in metric.data.data_points:
+                        attributes = point.attributes or {}
+                        key = (str(attributes.get("dask.task.prefix", OTHER_PREFIXES)),
+                               attributes.get("dask.task.outcome") == "error")
+                        row = seen.setdefault(key, [0, 0])
+                        row[0] += int(point.count)
+                        row[1] += int(point.sum * 1e9)
+        if not seen:
+            return
+        with self._lock:
+            for key, (count, duration_ns) in seen.items():
+                total = self._totals.setdefault(key, [0, 0])
+                if delta:
+                    total[0] += count
+                    total[1] += duration_ns
+                elif total != [count, duration_ns]:
+                    total[0], total[1] = count, duration_ns
+                else:
+                    continue
+                self._changed = True
+
+    def take(self) -> list[list[Any]]:
+        with self._lock:
+            if not self._changed:
+                return []
+            self._changed = False
+            return [[label, failed, count, duration_ns] for (label, failed), (count, duration_ns) in self._totals.items()]

@@ -21,7 +21,7 @@ runs per task. :class:`SchedulerTelemetryPlugin` does these things:
   was lost mid-graph, carrying what the worker took with it: tasks that ran there whose
   telemetry it never delivered (:mod:`.ledger`). That takes the one per-task step here,
   :meth:`SchedulerTelemetryPlugin.transition`: a tally per run that finished on a worker
-  that keeps accounts (~2 us, measured; the scheduler spends ~100 us or more a task).
+  that keeps accounts (~3 us, measured; the scheduler spends ~100 us or more a task).
 * It keeps the set of instrumented clients using the cluster (:func:`join_cluster`,
   :func:`leave_cluster`), so the last one to ``uninstrument()`` takes the plugins off
   and the others keep theirs.
@@ -137,6 +137,7 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
         #: Instrumented clients using this cluster: the plugins come off when the last leaves.
         self.clients: set[str] = set()
         self._ledger = ledger.Ledger()
+        self._runs = ledger.MetricLedger()
         self._owners: OrderedDict[str, str] = OrderedDict()  # traceparent -> the client that submitted it
         self._scheduler: Any = None
 
@@ -193,7 +194,10 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
             return
         try:
             run = adapter.finished_run(self._scheduler, key, kwargs, annotation_name=ANNOTATION)
-            traceparent = traceparent_of(run.note) if run is not None else None
+            if run is None:
+                return
+            self._runs.finished(worker, run.prefix, failed=finish == "erred", duration_s=run.stop_s - run.start_s)
+            traceparent = traceparent_of(run.note)
             # Unsampled computes get no spans anywhere, so nothing of them can be lost.
             if traceparent is not None and int(traceparent[-2:], 16) & 1:
                 self._ledger.finished(worker, traceparent, run.prefix, start_s=run.start_s, stop_s=run.stop_s)
@@ -205,8 +209,11 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
             return
         worker = msg.get("worker")
         if isinstance(worker, str) and worker in getattr(self._scheduler, "workers", ()):
+            closing = bool(msg.get("closing"))
             self._ledger.join(worker)  # any report says the worker keeps accounts
-            self._ledger.delivered(worker, msg.get("delivered"), closing=bool(msg.get("closing")))
+            self._ledger.delivered(worker, msg.get("delivered"), closing=closing)
+            self._runs.join(worker)
+            self._runs.delivered(worker, msg.get("metrics"), closing=closing)
 
     def remove_client(self, scheduler: Any, client: str) -> None:
         self.clients.discard(client)
@@ -216,9 +223,14 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
         # (a worker closing on its own says so first: see the ledger).
         retired = str(stimulus_id).startswith("retire-workers")
         lost = [] if retired else self._lost_rows(str(worker))
+        runs = [] if retired else [list(row) for row in self._runs.lost(str(worker))]
         self._ledger.forget(str(worker))
+        self._runs.forget(str(worker))
+        # Task metrics are not per compute: one instrumented client records the lost runs.
+        recorder = min(self.clients) if self.clients else ""
         scheduler.log_event(TOPIC, {"op": "worker-lost", "worker": str(worker), "time": time.time(),
-                                    "stimulus_id": str(stimulus_id), "lost": lost})
+                                    "stimulus_id": str(stimulus_id), "lost": lost, "lost_runs": runs,
+                                    "runs_recorder": recorder})
 
     def _lost_rows(self, worker: str) -> list[list[Any]]:
         """``[traceparent, client, prefix, tasks, duration_s, start_s, stop_s]`` per prefix of a compute."""

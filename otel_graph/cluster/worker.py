@@ -183,12 +183,15 @@ class WorkerTelemetry:
         if not self.keeps_accounts or worker is None or self._said_closing:
             return False
         rows = _ProcessTelemetry.deliveries.take(self.address)
-        if not rows and self._joined and not closing:
+        # A process's task counts are its one worker's (several share a process only in an
+        # instrumented one, where none keeps accounts).
+        points = _ProcessTelemetry.metric_deliveries.take() if len(_ProcessTelemetry.accounts) == 1 else []
+        if not rows and not points and self._joined and not closing:
             return False
         self._said_closing = closing
         connected = adapter.stream_open(worker)  # else distributed drops the message
         try:
-            worker.log_event(ledger.TOPIC, {"delivered": rows, "closing": closing})
+            worker.log_event(ledger.TOPIC, {"delivered": rows, "metrics": points, "closing": closing})
         except Exception:  # the worker's loop is gone: so is the scheduler's ledger of it
             return False
         self._joined = self._joined or connected
@@ -372,19 +375,25 @@ class _ProcessTelemetry:
     nested: Any = None  # (tracker, capture) tracing computes that tasks here start
     #: What the process's span exporter delivered, per worker, until reported.
     deliveries = ledger.Deliveries()
+    #: The task counts the process's metric exporter delivered (one worker's, with accounts).
+    metric_deliveries = ledger.MetricDeliveries()
     #: Telemetry that reports deliveries, by worker address: kept while it closes too,
     #: since its last spans are delivered then.
     accounts: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 def _count_deliveries(providers: Any) -> bool:
-    """Have the process's span processor count what it delivers; False if it cannot."""
+    """Have the process's span processor (and metric exporter) count what they deliver;
+    False if spans cannot be counted."""
     owned = providers.owned
     processor = getattr(owned, "span_processor", None) if owned is not None else None
     if processor is None:  # traces off, or another exporter's pipeline
         return False
     if processor.on_delivered is None:
         processor.on_delivered = _on_delivered
+    metrics = getattr(owned, "metric_exporter", None)
+    if metrics is not None and metrics.on_delivered is None:
+        metrics.on_delivered = _on_delivered_points
     return processor.on_delivered is _on_delivered
 
 
@@ -392,6 +401,12 @@ def _on_delivered(spans: list[Any]) -> None:
     # On the export thread, as soon as the collector took a batch: the shorter the time
     # between delivery and report, the fewer tasks a kill in between counts twice.
     _ProcessTelemetry.deliveries.count(spans)
+    for telemetry in list(_ProcessTelemetry.accounts.values()):
+        telemetry.report_deliveries()
+
+
+def _on_delivered_points(metrics_data: Any) -> None:
+    _ProcessTelemetry.metric_deliveries.count(metrics_data)
     for telemetry in list(_ProcessTelemetry.accounts.values()):
         telemetry.report_deliveries()
 
