@@ -230,3 +230,21 @@ def test_metric_deliveries_sum_delta_exports_and_keep_the_latest_cumulative_ones
     assert cumulative.take() == [["inc", False, 5, 500_000_000]]
     cumulative.count(export(5, temporality=2))
     assert cumulative.take() == []  # unchanged: nothing to report
+
+
+def test_runs_are_counted_only_for_a_worker_whose_task_metrics_are_counted():
+    # A worker whose metrics go to a Prometheus scrape (or nowhere) reports no task counts:
+    # its runs must not all look lost with it.
+    from otel_graph.cluster.ledger import TOPIC
+
+    def plugin_after(report: dict) -> SchedulerTelemetryPlugin:
+        plugin = SchedulerTelemetryPlugin()
+        task = NS(annotations={}, prefix=NS(name="inc"))
+        plugin._scheduler = NS(tasks={"inc-1": task}, workers={"w1": None})
+        plugin.log_event(TOPIC, {"worker": "w1", "delivered": [], "closing": False, **report})
+        plugin.transition("inc-1", "processing", "memory", stimulus_id="s", worker="w1",
+                          startstops=[{"action": "compute", "start": 1.0, "stop": 1.5}])
+        return plugin
+
+    assert plugin_after({"metrics": None})._runs.lost("w1") == []
+    assert plugin_after({"metrics": []})._runs.lost("w1") == [LostRuns("inc", False, 1, 0.5)]

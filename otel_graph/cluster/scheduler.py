@@ -212,8 +212,9 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
             closing = bool(msg.get("closing"))
             self._ledger.join(worker)  # any report says the worker keeps accounts
             self._ledger.delivered(worker, msg.get("delivered"), closing=closing)
-            self._runs.join(worker)
-            self._runs.delivered(worker, msg.get("metrics"), closing=closing)
+            if msg.get("metrics") is not None:  # its task counts are exported, and counted
+                self._runs.join(worker)
+                self._runs.delivered(worker, msg.get("metrics"), closing=closing)
 
     def remove_client(self, scheduler: Any, client: str) -> None:
         self.clients.discard(client)

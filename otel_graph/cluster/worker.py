@@ -184,8 +184,11 @@ class WorkerTelemetry:
             return False
         rows = _ProcessTelemetry.deliveries.take(self.address)
         # A process's task counts are its one worker's (several share a process only in an
-        # instrumented one, where none keeps accounts).
-        points = _ProcessTelemetry.metric_deliveries.take() if len(_ProcessTelemetry.accounts) == 1 else []
+        # instrumented one, where none keeps accounts). None: not counted here, so the
+        # scheduler must not count this worker's runs against them.
+        points = None
+        if _ProcessTelemetry.counts_points and len(_ProcessTelemetry.accounts) == 1:
+            points = _ProcessTelemetry.metric_deliveries.take()
         if not rows and not points and self._joined and not closing:
             return False
         self._said_closing = closing
@@ -375,8 +378,10 @@ class _ProcessTelemetry:
     nested: Any = None  # (tracker, capture) tracing computes that tasks here start
     #: What the process's span exporter delivered, per worker, until reported.
     deliveries = ledger.Deliveries()
-    #: The task counts the process's metric exporter delivered (one worker's, with accounts).
+    #: The task counts the process's metric exporter delivered (one worker's, with accounts);
+    #: counted only where otel_graph's exporter pushes them (not to a Prometheus scrape).
     metric_deliveries = ledger.MetricDeliveries()
+    counts_points = False
     #: Telemetry that reports deliveries, by worker address: kept while it closes too,
     #: since its last spans are delivered then.
     accounts: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
@@ -394,6 +399,7 @@ def _count_deliveries(providers: Any) -> bool:
     metrics = getattr(owned, "metric_exporter", None)
     if metrics is not None and metrics.on_delivered is None:
         metrics.on_delivered = _on_delivered_points
+    _ProcessTelemetry.counts_points = metrics is not None and metrics.on_delivered is _on_delivered_points
     return processor.on_delivered is _on_delivered
 
 
