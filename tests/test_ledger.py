@@ -86,6 +86,7 @@ rows = st.lists(st.one_of(
 @settings(max_examples=300, deadline=None)
 @given(report=st.one_of(rows, st.none(), st.text(), st.dictionaries(st.text(), st.integers())))
 @example(report=[[TP, "inc", float("inf"), 1], [TP, "inc", 1, float("nan")]])
+@example(report=[[{"a": 1}, "inc", 1, 1], [TP, ["inc"], 1, 1]])  # msgpack turns maps into dicts
 def test_any_report_is_taken_without_raising(report):
     ledger = Ledger()
     ledger.join("w1")
@@ -204,6 +205,7 @@ def test_a_closing_worker_settles_its_own_runs():
 @settings(max_examples=200, deadline=None)
 @given(report=st.one_of(rows, st.none(), st.text(), st.dictionaries(st.text(), st.integers())))
 @example(report=[["inc", False, float("inf"), 1], ["inc", False, 1, float("nan")]])
+@example(report=[[{"a": 1}, False, 1, 1], ["inc", {"b": 2}, 1, 1]])
 def test_any_task_count_report_is_taken_without_raising(report):
     runs = MetricLedger()
     runs.join("w1")

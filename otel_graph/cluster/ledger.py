@@ -134,7 +134,8 @@ class _Compute:
 
 
 def _rows(entries: Any) -> Iterator[tuple[Any, Any, int, int]]:
-    """The well-formed rows of a worker's report: two keys, then a count and nanoseconds."""
+    """The well-formed rows of a worker's report: a text and a text or flag, then a count and
+    nanoseconds."""
     if not isinstance(entries, (list, tuple)):  # msgpack makes lists tuples
         return
     for entry in entries:
@@ -143,7 +144,8 @@ def _rows(entries: Any) -> Iterator[tuple[Any, Any, int, int]]:
             row = first, second, int(count), int(duration_ns)
         except (TypeError, ValueError, OverflowError):  # not four values; not numbers; inf
             continue
-        yield row
+        if isinstance(first, str) and isinstance(second, (str, bool)):
+            yield row
 
 
 class Ledger:

@@ -208,13 +208,17 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
         if topic != ledger.TOPIC or not isinstance(msg, dict):
             return
         worker = msg.get("worker")
-        if isinstance(worker, str) and worker in getattr(self._scheduler, "workers", ()):
+        if not isinstance(worker, str) or worker not in getattr(self._scheduler, "workers", ()):
+            return
+        try:
             closing = bool(msg.get("closing"))
             self._ledger.join(worker)  # any report says the worker keeps accounts
             self._ledger.delivered(worker, msg.get("delivered"), closing=closing)
             if msg.get("metrics") is not None:  # its task counts are exported, and counted
                 self._runs.join(worker)
                 self._runs.delivered(worker, msg.get("metrics"), closing=closing)
+        except Exception:  # a report it cannot read costs the ledger, never the scheduler
+            logger.debug("otel_graph: unreadable delivery report", exc_info=True)
 
     def remove_client(self, scheduler: Any, client: str) -> None:
         self.clients.discard(client)
