@@ -120,6 +120,22 @@ def key_to_str(key: Any) -> str:
     return _cut(text, MAX_KEY_CHARS)
 
 
+def fold_prefix(prefix: str, seen: set[str], *, limit: int) -> str:
+    """``prefix`` itself while ``seen`` holds it or fewer than ``limit`` others (it is added),
+    else :data:`OTHER_PREFIXES`: the first ``limit`` prefixes keep their own label.
+
+    >>> seen = set()
+    >>> [fold_prefix(p, seen, limit=2) for p in ["a", "b", "c", "a"]]
+    ['a', 'b', '(other prefixes)', 'a']
+    """
+    if prefix in seen:
+        return prefix
+    if len(seen) < limit:
+        seen.add(prefix)
+        return prefix
+    return OTHER_PREFIXES
+
+
 def task_prefix(key: Any) -> str:
     """``dask.utils.key_split``, but total: a key it cannot split (non-UTF-8 bytes) still gets a name.
 

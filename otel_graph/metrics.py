@@ -96,6 +96,10 @@ class TaskMetrics:
                 if not failed:
                     self._size(self._size_attributes(prefix), [ev.nbytes for ev in group if ev.nbytes >= 0])
 
+    def _label(self, prefix: str) -> str | None:
+        """``prefix``'s label in the metrics: itself, or None (the overflow label)."""
+        return prefix if prefix in self._prefixes else self._admit(prefix)
+
     def _admit(self, prefix: str) -> str | None:
         """``prefix`` if it may still label metrics; None (the overflow label) past the limit."""
         if len(self._prefixes) < MAX_METRIC_PREFIXES:
@@ -123,14 +127,14 @@ class TaskMetrics:
         sum are exact and its buckets approximate. ``OTHER_PREFIXES`` stands for runs the
         worker labelled with the overflow attribute.
         """
-        label = None if prefix == OTHER_PREFIXES else prefix if prefix in self._prefixes else self._admit(prefix)
+        label = None if prefix == OTHER_PREFIXES else self._label(prefix)
         attributes = (*self._task_attributes(label, "distributed", failed), ("dask.task.recovered", True))
         with self.batch():
             self._duration(attributes, [duration_s / count] * count)
 
     def admitted_name(self, prefix: str) -> str:
         """:meth:`span_name`, for a span of tasks this process never recorded (it admits ``prefix``)."""
-        return prefix if prefix in self._prefixes or self._admit(prefix) is not None else OTHER_PREFIXES
+        return OTHER_PREFIXES if self._label(prefix) is None else prefix
 
     def _task_attributes(self, prefix: str | None, scheduler: str, failed: bool) -> tuple[tuple[str, Any], ...]:
         attributes = self._attributes.get((prefix, scheduler, failed))

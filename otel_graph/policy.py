@@ -38,7 +38,7 @@ from collections.abc import Callable, Container
 from dataclasses import dataclass
 from typing import Any
 
-from otel_graph.events import OTHER_PREFIXES, TaskEvent
+from otel_graph.events import TaskEvent, fold_prefix
 
 #: Prefixes a compute (on a worker: its share there) gets aggregate spans of their own
 #: for; the tasks of later ones share one, whose prefix and name are OTHER_PREFIXES.
@@ -157,11 +157,7 @@ class SpanPlan:
 
     def _fold(self, events: list[TaskEvent], prefix: str) -> None:
         self.aggregated_tasks += len(events)
-        if prefix not in self._folded_prefixes:
-            if len(self._folded_prefixes) < self._max_aggregates:
-                self._folded_prefixes.add(prefix)
-            else:
-                prefix = OTHER_PREFIXES
+        prefix = fold_prefix(prefix, self._folded_prefixes, limit=self._max_aggregates)
         aggregate = self._aggregates.get(prefix)
         if aggregate is None:
             aggregate = self._aggregates[prefix] = Aggregate(prefix)

@@ -65,7 +65,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from otel_graph.events import OTHER_PREFIXES
+from otel_graph.events import OTHER_PREFIXES, fold_prefix
 from otel_graph.metrics import MAX_METRIC_PREFIXES
 from otel_graph.policy import MAX_AGGREGATES
 
@@ -105,14 +105,6 @@ class _Compute:
     def __init__(self) -> None:
         self.tallies: dict[str, _Tally] = {}
         self.folded: set[str] = set()
-
-    def label(self, prefix: str) -> str:
-        if prefix in self.folded:
-            return prefix
-        if len(self.folded) < MAX_AGGREGATES:
-            self.folded.add(prefix)
-            return prefix
-        return OTHER_PREFIXES
 
     def take(self, prefix: str, count: int, duration_ns: int) -> None:
         """Take delivered tasks off, from their prefix's tally first, then from the others."""
@@ -180,7 +172,7 @@ class Ledger:
                                    "tasks a loss of that worker would take with it uncounted",
                                    worker, MAX_OPEN_COMPUTES)
                 self.untracked += sum(t.count for t in dropped.tallies.values())
-        label = compute.label(prefix)
+        label = fold_prefix(prefix, compute.folded, limit=MAX_AGGREGATES)  # as the worker's SpanPlan
         tally = compute.tallies.get(label)
         if tally is None:
             tally = compute.tallies[label] = _Tally()
@@ -266,11 +258,7 @@ class MetricLedger:
         if runs is None:
             return
         # Labelled as the worker labels its metrics: its first MAX_METRIC_PREFIXES prefixes.
-        if prefix not in runs.labels:
-            if len(runs.labels) < MAX_METRIC_PREFIXES:
-                runs.labels.add(prefix)
-            else:
-                prefix = OTHER_PREFIXES
+        prefix = fold_prefix(prefix, runs.labels, limit=MAX_METRIC_PREFIXES)
         tally = runs.finished.get((prefix, failed))
         if tally is None:
             tally = runs.finished[(prefix, failed)] = [0, 0]
