@@ -15,10 +15,11 @@ dask.distributed installed, the QR again on a LocalCluster of two worker process
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from pathlib import Path
 from urllib.parse import urlparse
+
+from otel_graph.endpoint import listening
 
 
 def _endpoint() -> str:
@@ -30,11 +31,7 @@ def _collector_answers(timeout_s: float = 0.5) -> str | None:
     endpoint = _endpoint()
     parsed = urlparse(endpoint if "://" in endpoint else f"http://{endpoint}")
     host, port = parsed.hostname or "localhost", parsed.port or 4317
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            return endpoint
-    except OSError:
-        return None
+    return endpoint if listening((host, port), timeout_s=timeout_s) else None
 
 
 def _workload() -> None:

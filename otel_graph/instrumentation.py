@@ -298,7 +298,7 @@ class Instrumentation:
         # trusting the last export), building the last spans only delays the exit: they
         # are counted as not delivered instead; and one that cannot answer gets only a
         # moment more (exit_window).
-        answers = True if owned is None else owned.collector_answers(min(0.5, timeout / 2))
+        answers = True if owned is None else owned.answers_at_exit(timeout)
         unbuilt = self._tracker.stop(left(), drain=answers is True)
         if owned is not None:
             # Readings stay on until the final collection, so short scripts report them too.

@@ -239,9 +239,13 @@ class OwnedSdk:
                 return False
         return None
 
+    def answers_at_exit(self, timeout_s: float) -> bool | None:
+        """:meth:`collector_answers`, asked within part of an exit window of ``timeout_s``."""
+        return self.collector_answers(min(0.5, timeout_s / 2))
+
     def exit_budget(self, timeout_s: float) -> float:
         """:func:`exit_window` for the collector's answer now."""
-        return exit_window(self.collector_answers(min(0.5, timeout_s / 2)), timeout_s)
+        return exit_window(self.answers_at_exit(timeout_s), timeout_s)
 
     def deliver_at_exit(self, *, timeout_s: float) -> None:
         """Deliver what is left; give up after ``timeout_s`` without progress, counting the rest.

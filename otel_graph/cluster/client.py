@@ -315,9 +315,9 @@ class ClusterCapture:
         except Exception:
             logger.debug("otel_graph: bad scheduler event", exc_info=True)
 
-    def _worker_lost(self, cluster: str, message: dict, recovered: dict[str, int]) -> None:
+    def _worker_lost(self, cluster: str, message: dict, recovered: dict[tuple[int, int], int]) -> None:
         """An event on each open compute of the cluster; with ``dask.task.recovered``, how many
-        of its tasks the worker took with it (``recovered``, by ``<trace id>-<span id>``)."""
+        of its tasks the worker took with it (``recovered``, by (trace id, span id))."""
         worker, why = str(message.get("worker", "")), str(message.get("stimulus_id", ""))
         # Graceful retirement (scaling down) is not a loss; say which it was.
         name = "dask.worker.retired" if why.startswith("retire-workers") else "dask.worker.lost"
@@ -330,20 +330,20 @@ class ClusterCapture:
             seen.add((worker, why))
             attributes: dict[str, Any] = {"dask.worker.id": worker, "dask.worker.removal": why}
             context = record.span.get_span_context()
-            count = recovered.get(f"{context.trace_id:032x}-{context.span_id:016x}")
+            count = recovered.get((context.trace_id, context.span_id))
             if count:
                 attributes["dask.task.recovered"] = count
             record.span.add_event(name, attributes)
 
-    def _recover(self, client_id: str, message: dict) -> dict[str, int]:
+    def _recover(self, client_id: str, message: dict) -> dict[tuple[int, int], int]:
         """Spans for the tasks of this client's computes whose telemetry a lost worker took with it.
 
         One per compute and prefix, from the scheduler's ledger (:mod:`.ledger`), marked
         ``dask.task.recovered``; only the client that submitted the compute makes them.
-        Returns the tasks recovered per compute, by ``<trace id>-<span id>``.
+        Returns the tasks recovered per compute, by its span's (trace id, span id).
         """
         worker = str(message.get("worker", ""))
-        per_compute: dict[str, int] = {}
+        per_compute: dict[tuple[int, int], int] = {}
         for row in message.get("lost") or ():
             try:
                 traceparent, owner, prefix, count, duration_s, start_s, stop_s = row
@@ -353,7 +353,8 @@ class ClusterCapture:
                 self._tracker.recovered(parent, prefix=str(prefix), count=int(count), duration_s=float(duration_s),
                                         start_ns=int(float(start_s) * 1e9), end_ns=int(float(stop_s) * 1e9),
                                         worker=worker)
-                compute = str(traceparent)[3:52]
+                context = parent.get_span_context()
+                compute = (context.trace_id, context.span_id)
                 per_compute[compute] = per_compute.get(compute, 0) + int(count)
             except Exception:
                 logger.debug("otel_graph: bad row of lost telemetry", exc_info=True)

@@ -407,12 +407,15 @@ def _on_delivered(spans: list[Any]) -> None:
     # On the export thread, as soon as the collector took a batch: the shorter the time
     # between delivery and report, the fewer tasks a kill in between counts twice.
     _ProcessTelemetry.deliveries.count(spans)
-    for telemetry in list(_ProcessTelemetry.accounts.values()):
-        telemetry.report_deliveries()
+    _report_deliveries()
 
 
 def _on_delivered_points(metrics_data: Any) -> None:
     _ProcessTelemetry.metric_deliveries.count(metrics_data)
+    _report_deliveries()
+
+
+def _report_deliveries() -> None:
     for telemetry in list(_ProcessTelemetry.accounts.values()):
         telemetry.report_deliveries()
 
