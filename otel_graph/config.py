@@ -128,6 +128,16 @@ def _invalid(name: str, value: str, accepted: str) -> ConfigurationError:
     return ConfigurationError(f"{name}={shown} is not valid; accepted values: {accepted}")
 
 
+def parse_spec_bool(name: str, value: str) -> bool:
+    """A boolean ``OTEL_*`` variable, read as the SDK reads it: only ``true`` is true. Any
+    other value but ``false`` or empty is an error, not a quiet false: ``..._INSECURE=1``
+    would otherwise pass here and still mean TLS to the exporter."""
+    lowered = value.strip().lower()
+    if lowered in ("true", "false", ""):
+        return lowered == "true"
+    raise _invalid(name, value, "true, false")
+
+
 def parse_bool(name: str, value: str) -> bool:
     lowered = value.strip().lower()
     if lowered in _TRUE:
@@ -183,7 +193,7 @@ def _check_standard(env: Mapping[str, str]) -> None:
             raise _invalid(name, value, ", ".join(accepted))
     for name in _BOOLEANS:
         if name in env:
-            parse_bool(name, env[name])
+            parse_spec_bool(name, env[name])
     for name in _POSITIVE_NUMBERS:
         if name in env:
             parse_seconds(name, env[name], 1.0, accepted="a number > 0 and at most 10^7")
@@ -292,7 +302,7 @@ def load_settings(env: Mapping[str, str] | None = None, **options: Any) -> Setti
         progress_interval_s=parse_seconds(OTEL_GRAPH_PROGRESS_INTERVAL, raw("progress_interval_s"), 30.0),
         resources=flag("resources", True),
         gpu=flag("gpu", True),
-        sdk_disabled=parse_bool("OTEL_SDK_DISABLED", env.get("OTEL_SDK_DISABLED", "false")),
+        sdk_disabled=parse_spec_bool("OTEL_SDK_DISABLED", env.get("OTEL_SDK_DISABLED", "false")),
         traces_exporter=env.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower(),
         metrics_exporter=env.get("OTEL_METRICS_EXPORTER", "otlp").strip().lower(),
         metric_export_interval_ms=float(interval) if interval else DEFAULT_METRIC_EXPORT_INTERVAL_MS,

@@ -20,6 +20,10 @@ from otel_graph.config import ConfigurationError, load_settings
     ("OTEL_TRACES_SAMPLER_ARG", "2.5", "between 0 and 1"),
     ("OTEL_SDK_DISABLED", "maybe", "true, false"),
     ("OTEL_EXPORTER_OTLP_INSECURE", "perhaps", "true, false"),
+    # Only "true" is true to the SDK's exporters: "1" would pass as true here and mean TLS there.
+    ("OTEL_EXPORTER_OTLP_INSECURE", "1", "true, false"),
+    ("OTEL_EXPORTER_OTLP_TRACES_INSECURE", "yes", "true, false"),
+    ("OTEL_SDK_DISABLED", "on", "true, false"),
     ("OTEL_METRIC_EXPORT_INTERVAL", "-5", "> 0"),
     ("OTEL_METRIC_EXPORT_INTERVAL", "1e308", "at most 10^7"),
     ("OTEL_GRAPH_DRAIN_INTERVAL", "nan", "> 0"),
