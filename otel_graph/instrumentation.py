@@ -208,15 +208,20 @@ class Instrumentation:
                                 drain_interval_s=settings.drain_interval_s,
                                 progress_interval_s=settings.progress_interval_s)
         self._capture = LocalCapture(self._tracker)
-        self._capture.install()
         self._cluster: Any = None
-        if _distributed_available():
-            from otel_graph.cluster.client import ClusterCapture
-
-            self._cluster = ClusterCapture(self._tracker, settings)
-            self._cluster.install()
-        elif client is not None:
-            raise ConfigurationError("instrument_scheduler(client=...) needs dask.distributed installed")
+        try:
+            self._cluster = _cluster_capture(self._tracker, settings, client=client)
+            # Both or neither: a call that raises must leave Dask as it was, and nothing running.
+            self._capture.install()
+            if self._cluster is not None:
+                self._cluster.install()
+        except BaseException:
+            self._capture.uninstall()
+            if self._cluster is not None:
+                self._cluster.uninstall(detach=False)
+            self._instruments.readings.stop()
+            self._tracker.stop(0, drain=False)
+            raise
         self._live = True
 
     # -- public ----------------------------------------------------------------------------
@@ -338,6 +343,23 @@ class _Disabled:
 
     def _at_exit(self) -> None:
         return None
+
+
+def _cluster_capture(tracker: Tracker, settings: Settings, *, client: Any) -> Any:
+    """dask.distributed's capture, or None where it is not installed (or does not import)."""
+    if not _distributed_available():
+        if client is not None:
+            raise ConfigurationError("instrument_scheduler(client=...) needs dask.distributed installed")
+        return None
+    try:
+        from otel_graph.cluster.client import ClusterCapture
+    except ImportError as exc:  # installed but broken (a version that does not match dask's, say)
+        if client is not None:
+            raise
+        logger.warning("otel_graph: dask.distributed does not import (%s); its clusters are not traced, "
+                       "Dask's local schedulers are", exc)
+        return None
+    return ClusterCapture(tracker, settings)
 
 
 def _distributed_available() -> bool:

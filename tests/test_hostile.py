@@ -211,3 +211,48 @@ def test_any_task_annotation_is_read_or_ignored(note):
     budget = budget_of(note)
     assert budget is None or (isinstance(budget, int) and budget >= 0)
     assert traceparent_of(note) is None or isinstance(traceparent_of(note), str)
+
+
+BROKEN_DISTRIBUTED = """
+import threading
+
+import dask
+import otel_graph
+
+for attempt in (1, 2):
+    handle = otel_graph.instrument_scheduler(resources=False)
+print("SAME", handle is otel_graph.instrument_scheduler())
+print("RESULT", dask.get({"a": (abs, -1), "b": (abs, "a")}, "b"))
+print("FLUSHED", handle.flush(timeout_s=30))
+handle.uninstrument()
+print("TRACKERS", sum(t.name == "otel-graph-tracker" and t.is_alive() for t in threading.enumerate()))
+try:
+    otel_graph.instrument_scheduler(client=object())
+except ImportError as exc:
+    print("WITH_CLIENT", type(exc).__name__)
+import dask.local
+print("UNWRAPPED", not hasattr(dask.local.get_async, "__wrapped__"))
+"""
+
+
+def test_a_distributed_that_does_not_import_leaves_the_local_schedulers_traced_once(tmp_path):
+    """An installed dask.distributed that fails to import (a version that does not match
+    dask's): the local schedulers are traced, once however often one instruments, and a call
+    that must have distributed raises, leaving Dask unwrapped."""
+    broken = tmp_path / "distributed"
+    broken.mkdir()
+    (broken / "__init__.py").write_text('raise ImportError("distributed 0.0 needs dask==0.0 (simulated)")\n')
+    with OtlpReceiver() as receiver:
+        env = subprocess_env(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.grpc_endpoint, OTEL_SERVICE_NAME="broken")
+        env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+        proc = subprocess.run([sys.executable, "-c", BROKEN_DISTRIBUTED], env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        for label, value in [("SAME", "True"), ("RESULT", "1"), ("FLUSHED", "True"), ("TRACKERS", "0"),
+                             ("WITH_CLIENT", "ImportError"), ("UNWRAPPED", "True")]:
+            assert line(proc, label) == value, proc.stdout
+        assert "dask.distributed does not import" in proc.stderr and "Traceback" not in proc.stderr
+        spans = receiver.spans()
+        assert [s["name"] for s in spans if s["name"] == "dask.compute"] == ["dask.compute"]
+        assert sorted(s["attributes"]["dask.task.key"] for s in spans if "dask.task.key" in s["attributes"]) == \
+            ["a", "b"]
