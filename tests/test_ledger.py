@@ -135,7 +135,7 @@ def test_deliveries_count_task_spans_and_aggregates_per_worker_not_phases_or_rec
     ]
     deliveries = Deliveries()
     deliveries.count(spans)
-    assert deliveries.take("w1") == [[TP, "inc", 8, 1010]]
+    assert deliveries.take("w1") == [[TP, "inc", 8, 1010, False]]
     assert deliveries.take("w1") == []
     assert [row[2] for row in deliveries.take("w2")] == [1]
 
@@ -250,3 +250,80 @@ def test_runs_are_counted_only_for_a_worker_whose_task_metrics_are_counted():
 
     assert plugin_after({"metrics": None})._runs.lost("w1") == []
     assert plugin_after({"metrics": []})._runs.lost("w1") == [LostRuns("inc", False, 1, 0.5)]
+
+
+def test_a_retried_failure_s_span_is_not_taken_from_the_successes_a_worker_still_owes():
+    # retries=: a failed attempt goes processing -> waiting, which the scheduler does not
+    # tally, but its worker delivers the attempt's error span all the same.
+    from opentelemetry.trace import StatusCode
+
+    parent = NS(trace_id=0xA, span_id=0xB, trace_flags=1)
+    attempt = NS(parent=parent, start_time=0, end_time=10, status=NS(status_code=StatusCode.ERROR),
+                 attributes={"dask.task.prefix": "flaky", "dask.worker.id": "w1"})
+    deliveries = Deliveries()
+    deliveries.count([attempt])
+    ledger = Ledger()
+    ledger.join("w1")
+    ledger.finished("w1", TP, "flaky", start_s=1.0, stop_s=2.0)  # the retry's success, not yet delivered
+    ledger.finished("w1", TP, "boom", start_s=1.0, stop_s=2.0, failed=True)  # a failure for good
+    ledger.delivered("w1", deliveries.take("w1"))
+    assert sorted(lost_by_prefix(ledger, "w1").items()) == [("boom", 1), ("flaky", 1)]
+    # A failure's delivered span settles its own tally, and only that.
+    ledger.join("w1")
+    ledger.finished("w1", TP, "boom", start_s=1.0, stop_s=2.0, failed=True)
+    ledger.finished("w1", TP, "ok", start_s=1.0, stop_s=2.0)
+    ledger.delivered("w1", [[TP, "boom", 1, 10**9, True], [TP, "boom", 5, 10**9, True]])
+    assert lost_by_prefix(ledger, "w1") == {"ok": 1}
+
+
+def test_a_retried_failure_s_metrics_are_not_taken_from_the_successes():
+    runs = MetricLedger()
+    runs.join("w1")
+    for _ in range(3):
+        runs.finished("w1", "flaky", failed=False, duration_s=1.0)
+    # The worker counted two failed attempts the scheduler retried, and one success.
+    runs.delivered("w1", [["flaky", True, 2, 0], ["flaky", False, 1, 10**9]])
+    assert runs.lost("w1") == [LostRuns("flaky", False, 2, 2.0)]
+
+
+def test_a_late_goodbye_of_replaced_telemetry_does_not_end_its_successor_s_accounts():
+    # uninstrument() then instrument_scheduler(): the old worker telemetry's closing report
+    # can reach the new scheduler plugin after the new telemetry joined.
+    from otel_graph.cluster.ledger import TOPIC
+
+    plugin = SchedulerTelemetryPlugin()
+    task = NS(annotations={}, prefix=NS(name="inc"))
+    plugin._scheduler = NS(tasks={"inc-1": task}, workers={"w1": None})
+
+    def report(session: int, **message) -> None:
+        plugin.log_event(TOPIC, {"worker": "w1", "delivered": [], "metrics": [], "closing": False,
+                                 "session": session, **message})
+
+    def run() -> None:
+        plugin.transition("inc-1", "processing", "memory", stimulus_id="s", worker="w1",
+                          startstops=[{"action": "compute", "start": 1.0, "stop": 1.5}])
+
+    report(2)  # the successor joins
+    report(1, closing=True)  # its predecessor's goodbye, late
+    run()
+    assert plugin._runs.lost("w1") == [LostRuns("inc", False, 1, 0.5)]
+    # The other order: the goodbye first, then the successor starts afresh.
+    plugin = SchedulerTelemetryPlugin()
+    plugin._scheduler = NS(tasks={"inc-1": task}, workers={"w1": None})
+    report(1, metrics=[["inc", False, 40, 0]])
+    report(1, closing=True)
+    report(2)
+    run()
+    report(1, metrics=[["inc", False, 41, 0]])  # a report of the replaced telemetry: ignored
+    assert plugin._runs.lost("w1") == [LostRuns("inc", False, 1, 0.5)]
+
+
+def test_task_counts_are_reported_from_when_the_telemetry_began():
+    point = NS(attributes={"dask.task.prefix": "inc", "dask.task.outcome": "success"}, count=7, sum=0.7)
+    metric = NS(name="dask.task.duration", data=NS(aggregation_temporality=2, data_points=[point]))
+    deliveries = MetricDeliveries()
+    deliveries.count(NS(resource_metrics=[NS(scope_metrics=[NS(metrics=[metric])])]))
+    base = deliveries.totals()
+    point.count, point.sum = 10, 1.0
+    deliveries.count(NS(resource_metrics=[NS(scope_metrics=[NS(metrics=[metric])])]))
+    assert deliveries.take(since=base) == [["inc", False, 3, 300_000_000]]

@@ -44,6 +44,21 @@ fold differently (the worker only folds what its budget leaves over), so a deliv
 finds no tally of its prefix is taken from the compute's others: a compute's total is
 exact, the split between prefixes a best effort.
 
+Failures are tallied apart, by their own prefix (every failed run gets a span of its
+own, never folded), and a delivered error span is taken only from its prefix's failures:
+a failed attempt that Dask retries (``retries=``) goes ``processing -> waiting``, so the
+scheduler never tallies it, yet its worker delivers its span; taken from the successes,
+it hid a success the worker still owed. Task metrics keep failures apart the same way.
+A successful run the scheduler turns away (a task cancelled while it ran) is still
+delivered by its worker and taken from the compute's tallies: that is the one way the
+total can come out short.
+
+Sessions: each report names the worker's telemetry (a number that grows within its
+process). A report of a newer one starts that worker's accounts afresh: its
+predecessor (taken off with ``uninstrument()``, then instrumented again) has settled its
+own, and a late report of the predecessor, its goodbye included, is ignored rather than
+end the successor's accounts.
+
 >>> ledger = Ledger()
 >>> ledger.join("w1")
 >>> for i in range(3):
@@ -100,18 +115,25 @@ class _Tally:
 
 
 class _Compute:
-    __slots__ = ("tallies", "folded")
+    __slots__ = ("tallies", "failures", "folded")
 
     def __init__(self) -> None:
         self.tallies: dict[str, _Tally] = {}
+        #: Failed runs, by their own prefix (a failure's span is never folded).
+        self.failures: dict[str, _Tally] = {}
         self.folded: set[str] = set()
 
-    def take(self, prefix: str, count: int, duration_ns: int) -> None:
-        """Take delivered tasks off, from their prefix's tally first, then from the others."""
-        tallies = self.tallies
+    def __bool__(self) -> bool:
+        return bool(self.tallies or self.failures)
+
+    def take(self, prefix: str, count: int, duration_ns: int, *, failed: bool = False) -> None:
+        """Take delivered tasks off, from their prefix's tally first, then from the others;
+        failures only from their own prefix's."""
+        tallies = self.failures if failed else self.tallies
         order = [prefix] if prefix in tallies else []
-        order += [OTHER_PREFIXES] if prefix != OTHER_PREFIXES and OTHER_PREFIXES in tallies else []
-        order += [name for name in tallies if name not in order]
+        if not failed:
+            order += [OTHER_PREFIXES] if prefix != OTHER_PREFIXES and OTHER_PREFIXES in tallies else []
+            order += [name for name in tallies if name not in order]
         for name in order:
             if count <= 0:
                 break
@@ -125,19 +147,24 @@ class _Compute:
                 del tallies[name]
 
 
-def _rows(entries: Any) -> Iterator[tuple[Any, Any, int, int]]:
+def _rows(entries: Any) -> Iterator[tuple[Any, Any, int, int, bool]]:
     """The well-formed rows of a worker's report: a text and a text or flag, then a count and
-    nanoseconds."""
+    nanoseconds, and whether they failed (a fifth value; absent from an older worker's rows)."""
     if not isinstance(entries, (list, tuple)):  # msgpack makes lists tuples
         return
     for entry in entries:
         try:
-            first, second, count, duration_ns = entry
-            row = first, second, int(count), int(duration_ns)
-        except (TypeError, ValueError, OverflowError):  # not four values; not numbers; inf
+            first, second, count, duration_ns, *rest = entry
+            row = first, second, int(count), int(duration_ns), bool(rest and rest[0] is True)
+        except (TypeError, ValueError, OverflowError):  # too few values; not numbers; inf
             continue
-        if isinstance(first, str) and isinstance(second, (str, bool)):
+        if isinstance(first, str) and isinstance(second, (str, bool)) and len(rest) <= 1:
             yield row
+
+
+def _tallies(compute: _Compute) -> Iterator[_Tally]:
+    yield from compute.tallies.values()
+    yield from compute.failures.values()
 
 
 class Ledger:
@@ -156,7 +183,8 @@ class Ledger:
     def keeps(self, worker: str) -> bool:
         return worker in self._workers
 
-    def finished(self, worker: str, traceparent: str, prefix: str, *, start_s: float, stop_s: float) -> None:
+    def finished(self, worker: str, traceparent: str, prefix: str, *, start_s: float, stop_s: float,
+                 failed: bool = False) -> None:
         computes = self._workers.get(worker)
         if computes is None:
             return
@@ -171,18 +199,21 @@ class Ledger:
                                    "computes to settle); the scheduler stops keeping count of the oldest, whose "
                                    "tasks a loss of that worker would take with it uncounted",
                                    worker, MAX_OPEN_COMPUTES)
-                self.untracked += sum(t.count for t in dropped.tallies.values())
-        label = fold_prefix(prefix, compute.folded, limit=MAX_AGGREGATES)  # as the worker's SpanPlan
-        tally = compute.tallies.get(label)
+                self.untracked += sum(t.count for t in _tallies(dropped))
+        if failed:
+            tallies, label = compute.failures, prefix
+        else:  # folded as the worker's SpanPlan folds its aggregates
+            tallies, label = compute.tallies, fold_prefix(prefix, compute.folded, limit=MAX_AGGREGATES)
+        tally = tallies.get(label)
         if tally is None:
-            tally = compute.tallies[label] = _Tally()
+            tally = tallies[label] = _Tally()
         tally.count += 1
         tally.duration_ns += max(0, int((stop_s - start_s) * 1e9))
         tally.start_s = min(tally.start_s, start_s)
         tally.stop_s = max(tally.stop_s, stop_s)
 
     def delivered(self, worker: str, entries: Any, *, closing: bool = False) -> None:
-        """A worker's report: ``[traceparent, prefix, tasks, duration_ns]`` rows. Never raises."""
+        """A worker's report: ``[traceparent, prefix, tasks, duration_ns, failed]`` rows. Never raises."""
         computes = self._workers.get(worker)
         if computes is None or worker in self._closing:
             return
@@ -190,25 +221,25 @@ class Ledger:
             self._closing.add(worker)
             self._workers[worker] = OrderedDict()
             return
-        for traceparent, prefix, count, duration_ns in _rows(entries):
+        for traceparent, prefix, count, duration_ns, failed in _rows(entries):
             compute = computes.get(traceparent)
             if compute is None or count <= 0:
                 continue
-            compute.take(str(prefix), count, max(0, duration_ns))
-            if not compute.tallies:
+            compute.take(str(prefix), count, max(0, duration_ns), failed=failed)
+            if not compute:
                 del computes[traceparent]
 
     def outstanding(self, worker: str) -> int:
         """Tasks that ran on ``worker`` whose telemetry it has not reported delivered."""
-        return sum(t.count for compute in self._workers.get(worker, {}).values() for t in compute.tallies.values())
+        return sum(t.count for compute in self._workers.get(worker, {}).values() for t in _tallies(compute))
 
     def lost(self, worker: str) -> list[Lost]:
         """What the worker took with it; its ledger is closed."""
         computes = self._workers.pop(worker, None) or {}
         self._closing.discard(worker)
         return [Lost(traceparent, prefix, tally.count, tally.duration_ns / 1e9, tally.start_s, tally.stop_s)
-                for traceparent, compute in computes.items() for prefix, tally in compute.tallies.items()
-                if tally.count > 0]
+                for traceparent, compute in computes.items()
+                for prefix, tally in (*compute.tallies.items(), *compute.failures.items()) if tally.count > 0]
 
     def forget(self, worker: str) -> None:
         self._workers.pop(worker, None)
@@ -273,7 +304,7 @@ class MetricLedger:
         if closing:  # what it has not delivered is its own to deliver or count, from here on
             runs.finished, runs.delivered, runs.closing = {}, {}, True
             return
-        for label, failed, count, duration_ns in _rows(entries):
+        for label, failed, count, duration_ns, _ in _rows(entries):
             if count >= 0:
                 runs.delivered[(str(label), bool(failed))] = [count, max(0, duration_ns)]
 
@@ -281,28 +312,30 @@ class MetricLedger:
         """What the worker took with it; its ledger is closed.
 
         Per label, finished less delivered. Deliveries under a label the scheduler did not
-        count (the two fold past the limit differently) are taken from the others, the
-        overflow label first: the total is exact, the split a best effort.
+        count (the two fold past the limit differently) are taken from the others of the
+        same outcome, the overflow label first: the total is exact, the split a best effort.
+        Failures are never taken from successes: the scheduler does not count a failed
+        attempt that Dask retries, which its worker's metrics do count.
         """
         runs = self._workers.pop(worker, None)
         if runs is None:
             return []
         left: dict[tuple[str, bool], list[int]] = {}
-        surplus = [0, 0]
+        surplus = {False: 0, True: 0}
         for key in {*runs.finished, *runs.delivered}:
             done, sent = runs.finished.get(key, [0, 0]), runs.delivered.get(key, [0, 0])
             count, duration_ns = done[0] - sent[0], done[1] - sent[1]
             if count > 0:
                 left[key] = [count, max(0, duration_ns)]
             elif count < 0:
-                surplus[0] -= count
+                surplus[key[1]] -= count
         for key in sorted(left, key=lambda k: k[0] != OTHER_PREFIXES):
-            if surplus[0] <= 0:
-                break
-            taken = min(surplus[0], left[key][0])
+            taken = min(surplus[key[1]], left[key][0])
+            if taken <= 0:
+                continue
             left[key][1] -= left[key][1] * taken // left[key][0]
             left[key][0] -= taken
-            surplus[0] -= taken
+            surplus[key[1]] -= taken
         return [LostRuns(label, failed, count, duration_ns / 1e9)
                 for (label, failed), (count, duration_ns) in left.items() if count > 0]
 
@@ -315,8 +348,8 @@ class Deliveries:
 
     Fed from the exporter's thread (:meth:`count`, with each batch the collector took);
     each worker takes its own rows (:meth:`take`) to report them. A task span counts one
-    task, an aggregate its ``dask.task.count``; other spans (transfer and spill phases,
-    computes, recovered tasks) none.
+    task (a failed one apart: its status is ERROR), an aggregate its ``dask.task.count``;
+    other spans (transfer and spill phases, computes, recovered tasks) none.
 
     >>> from types import SimpleNamespace as NS
     >>> parent = NS(trace_id=0xAB, span_id=0xCD, trace_flags=1)
@@ -326,7 +359,8 @@ class Deliveries:
     ...     **on_w1, "dask.task.count": 4, "dask.task.duration.sum": 2.0})
     >>> deliveries = Deliveries()
     >>> deliveries.count([task, folded])
-    >>> deliveries.take("w2"), deliveries.take("w1") == [[f"00-{0xAB:032x}-{0xCD:016x}-01", "inc", 5, 2_000_000_005]]
+    >>> deliveries.take("w2"), deliveries.take("w1") == [
+    ...     [f"00-{0xAB:032x}-{0xCD:016x}-01", "inc", 5, 2_000_000_005, False]]
     ([], True)
     """
 
@@ -334,10 +368,12 @@ class Deliveries:
         import threading
 
         self._lock = threading.Lock()
-        self._counts: dict[str, dict[tuple[str, str], list[int]]] = {}
+        self._counts: dict[str, dict[tuple[str, str, bool], list[int]]] = {}
 
     def count(self, spans: Any) -> None:
-        counted: dict[tuple[str, str, str], list[int]] = {}
+        from opentelemetry.trace import StatusCode
+
+        counted: dict[tuple[str, str, str, bool], list[int]] = {}
         for span in spans:
             attributes = span.attributes or {}
             prefix = attributes.get("dask.task.prefix")
@@ -351,24 +387,26 @@ class Deliveries:
             else:
                 duration_ns = (span.end_time or 0) - (span.start_time or 0)
             traceparent = f"00-{parent.trace_id:032x}-{parent.span_id:016x}-{int(parent.trace_flags):02x}"
-            row = counted.get((worker, traceparent, prefix))
+            status = getattr(span, "status", None)
+            key = (worker, traceparent, prefix, getattr(status, "status_code", None) is StatusCode.ERROR)
+            row = counted.get(key)
             if row is None:
-                row = counted[(worker, traceparent, prefix)] = [0, 0]
+                row = counted[key] = [0, 0]
             row[0] += tasks
             row[1] += duration_ns
         if not counted:
             return
         with self._lock:
-            for (worker, traceparent, prefix), (tasks, duration_ns) in counted.items():
-                row = self._counts.setdefault(worker, {}).setdefault((traceparent, prefix), [0, 0])
+            for (worker, traceparent, prefix, failed), (tasks, duration_ns) in counted.items():
+                row = self._counts.setdefault(worker, {}).setdefault((traceparent, prefix, failed), [0, 0])
                 row[0] += tasks
                 row[1] += duration_ns
 
     def take(self, worker: str) -> list[list[Any]]:
         with self._lock:
             counts = self._counts.pop(worker, {})
-        return [[traceparent, prefix, tasks, duration_ns]
-                for (traceparent, prefix), (tasks, duration_ns) in counts.items()]
+        return [[traceparent, prefix, tasks, duration_ns, failed]
+                for (traceparent, prefix, failed), (tasks, duration_ns) in counts.items()]
 
 
 class MetricDeliveries:
@@ -424,9 +462,19 @@ class MetricDeliveries:
                     continue
                 self._changed = True
 
-    def take(self) -> list[list[Any]]:
+    def totals(self) -> dict[tuple[str, bool], tuple[int, int]]:
+        with self._lock:
+            return {key: (count, duration_ns) for key, (count, duration_ns) in self._totals.items()}
+
+    def take(self, *, since: dict[tuple[str, bool], tuple[int, int]] | None = None) -> list[list[Any]]:
+        """Every label's totals if they changed, less ``since``: :meth:`totals` when a worker's
+        telemetry began (the process's SDK counts from the process's start; a scheduler's
+        ledger, from the telemetry's)."""
+        base = since or {}
         with self._lock:
             if not self._changed:
                 return []
             self._changed = False
-            return [[label, failed, count, duration_ns] for (label, failed), (count, duration_ns) in self._totals.items()]
+            return [[label, failed, count - base.get((label, failed), (0, 0))[0],
+                     duration_ns - base.get((label, failed), (0, 0))[1]]
+                    for (label, failed), (count, duration_ns) in self._totals.items()]

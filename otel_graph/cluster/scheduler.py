@@ -138,6 +138,8 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
         self.clients: set[str] = set()
         self._ledger = ledger.Ledger()
         self._runs = ledger.MetricLedger()
+        #: The telemetry session each worker reports from.
+        self._sessions: dict[str, int] = {}
         self._owners: OrderedDict[str, str] = OrderedDict()  # traceparent -> the client that submitted it
         self._scheduler: Any = None
 
@@ -196,11 +198,13 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
             run = adapter.finished_run(self._scheduler, key, kwargs, annotation_name=ANNOTATION)
             if run is None:
                 return
-            self._runs.finished(worker, run.prefix, failed=finish == "erred", duration_s=run.stop_s - run.start_s)
+            failed = finish == "erred"
+            self._runs.finished(worker, run.prefix, failed=failed, duration_s=run.stop_s - run.start_s)
             traceparent = traceparent_of(run.note)
             # Unsampled computes get no spans anywhere, so nothing of them can be lost.
             if traceparent is not None and int(traceparent[-2:], 16) & 1:
-                self._ledger.finished(worker, traceparent, run.prefix, start_s=run.start_s, stop_s=run.stop_s)
+                self._ledger.finished(worker, traceparent, run.prefix, start_s=run.start_s, stop_s=run.stop_s,
+                                      failed=failed)
         except Exception:  # a changed internal costs the ledger, never the scheduler
             return
 
@@ -211,6 +215,8 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
         if not isinstance(worker, str) or worker not in getattr(self._scheduler, "workers", ()):
             return
         try:
+            if not self._current(worker, msg.get("session")):
+                return
             closing = bool(msg.get("closing"))
             self._ledger.join(worker)  # any report says the worker keeps accounts
             self._ledger.delivered(worker, msg.get("delivered"), closing=closing)
@@ -219,6 +225,20 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
                 self._runs.delivered(worker, msg.get("metrics"), closing=closing)
         except Exception:  # a report it cannot read costs the ledger, never the scheduler
             logger.debug("otel_graph: unreadable delivery report", exc_info=True)
+
+    def _current(self, worker: str, session: Any) -> bool:
+        """Is a report from the worker's current telemetry? A newer one starts its accounts
+        afresh; a replaced one's late reports are ignored (see :mod:`.ledger`)."""
+        if not isinstance(session, int):  # a worker of an earlier otel_graph: no sessions
+            return True
+        known = self._sessions.get(worker)
+        if known is not None and session < known:
+            return False
+        if known is not None and session > known:
+            self._ledger.forget(worker)
+            self._runs.forget(worker)
+        self._sessions[worker] = session
+        return True
 
     def remove_client(self, scheduler: Any, client: str) -> None:
         self.clients.discard(client)
@@ -231,6 +251,7 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
         runs = [] if retired else [list(row) for row in self._runs.lost(str(worker))]
         self._ledger.forget(str(worker))
         self._runs.forget(str(worker))
+        self._sessions.pop(str(worker), None)
         # Task metrics are not per compute: one instrumented client records the lost runs.
         recorder = min(self.clients) if self.clients else ""
         scheduler.log_event(TOPIC, {"op": "worker-lost", "worker": str(worker), "time": time.time(),

@@ -144,6 +144,10 @@ class WorkerTelemetry:
         #: process exports through that process's pipeline, which is not its to count.
         self.keeps_accounts = not in_process and _count_deliveries(providers)
         self._joined = self._said_closing = False
+        #: Names this telemetry in its reports: a scheduler reading an earlier one's late
+        #: goodbye (uninstrumented, then instrumented again) must not end this one's accounts.
+        self._session = _next_session()
+        self._metric_base = _ProcessTelemetry.metric_deliveries.totals()
         if self.keeps_accounts:
             _ProcessTelemetry.accounts[self.address] = self
             self.report_deliveries()  # joins the ledger, ahead of any task-finished of ours
@@ -188,13 +192,14 @@ class WorkerTelemetry:
         # scheduler must not count this worker's runs against them.
         points = None
         if _ProcessTelemetry.counts_points and len(_ProcessTelemetry.accounts) == 1:
-            points = _ProcessTelemetry.metric_deliveries.take()
+            points = _ProcessTelemetry.metric_deliveries.take(since=self._metric_base)
         if not rows and not points and self._joined and not closing:
             return False
         self._said_closing = closing
         connected = adapter.stream_open(worker)  # else distributed drops the message
         try:
-            worker.log_event(ledger.TOPIC, {"delivered": rows, "metrics": points, "closing": closing})
+            worker.log_event(ledger.TOPIC, {"delivered": rows, "metrics": points, "closing": closing,
+                                            "session": self._session})
         except Exception:  # the worker's loop is gone: so is the scheduler's ledger of it
             return False
         self._joined = self._joined or connected
@@ -385,6 +390,17 @@ class _ProcessTelemetry:
     #: Telemetry that reports deliveries, by worker address: kept while it closes too,
     #: since its last spans are delivered then.
     accounts: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+_SESSION_LOCK = threading.Lock()  # not _ProcessTelemetry.lock: held while telemetry is made
+_LAST_SESSION = [0]
+
+
+def _next_session() -> int:
+    # Grows within the process, and past a restarted process's at the same address.
+    with _SESSION_LOCK:
+        _LAST_SESSION[0] = max(time.time_ns(), _LAST_SESSION[0] + 1)
+        return _LAST_SESSION[0]
 
 
 def _count_deliveries(providers: Any) -> bool:
