@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -256,3 +257,51 @@ def test_a_distributed_that_does_not_import_leaves_the_local_schedulers_traced_o
         assert [s["name"] for s in spans if s["name"] == "dask.compute"] == ["dask.compute"]
         assert sorted(s["attributes"]["dask.task.key"] for s in spans if "dask.task.key" in s["attributes"]) == \
             ["a", "b"]
+
+
+IN_PROCESS_CLUSTER_THEN_OUTAGE = """
+import sys
+import time
+
+import dask
+import otel_graph
+from distributed import Client, LocalCluster
+
+handle = otel_graph.instrument_scheduler(resources=False)
+with LocalCluster(n_workers=1, processes=False, dashboard_address=":0") as cluster, Client(cluster) as client:
+    print("RESULT", client.get({"a": (abs, -1)}, "a"), flush=True)
+print("CLOSED", flush=True)
+sys.stdin.readline()  # the test's collector refuses from here on
+ends = time.monotonic() + 3.0
+while time.monotonic() < ends:  # a workload that goes on, making spans all the while
+    dask.get({"b": (abs, -2)}, "b")
+    time.sleep(0.05)
+print("DONE", flush=True)
+"""
+
+
+def test_closing_an_in_process_cluster_leaves_the_process_s_exporter_backing_off(tmp_path):
+    """A worker of a LocalCluster(processes=False) exports through the process's own pipeline;
+    its teardown asked that pipeline the exit's question, which cuts retry backoffs for good:
+    the process then retried a refusing collector ~10 times a second for the rest of its life."""
+    with OtlpReceiver() as receiver:
+        env = subprocess_env(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.grpc_endpoint, OTEL_SERVICE_NAME="inproc",
+                             OTEL_METRICS_EXPORTER="none")
+        proc = subprocess.Popen([sys.executable, "-c", IN_PROCESS_CLUSTER_THEN_OUTAGE], env=env, text=True,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        watchdog = threading.Timer(120, proc.kill)  # a hung child ends its reads, and the test
+        watchdog.start()
+        try:
+            assert proc.stdout.readline().strip() == "RESULT 1"
+            assert proc.stdout.readline().strip() == "CLOSED"
+            receiver.fail = True
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+            assert proc.stdout.readline().strip() == "DONE"
+            refused = receiver.refused.get("traces", 0)
+            # Backing off (1, 2 s...) makes 1-3 tries in the 3 s; without backoff, ~30.
+            assert 1 <= refused <= 6, refused
+        finally:
+            watchdog.cancel()
+            proc.kill()
+            proc.communicate(timeout=60)

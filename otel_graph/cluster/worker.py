@@ -233,8 +233,11 @@ class WorkerTelemetry:
         # A collector that is down or hung gets no more of this teardown: the spans stay
         # queued for the process's exit, which follows and asks again (waiting here too
         # made the waits add up). Without a verdict (slow, or hung for under a second),
-        # the flush waits: that also tells the exit a hung one from a slow one.
-        if export and owned is not None and owned.collector_answers(min(0.2, timeout_s / 4)) is not False:
+        # the flush waits: that also tells the exit a hung one from a slow one. A worker
+        # in an instrumented process leaves its spans to that process's pipeline, which
+        # lives on: asking would put its exporters in exit's haste (no retry backoff) for good.
+        if export and owned is not None and not self._in_process and \
+                owned.collector_answers(min(0.2, timeout_s / 4)) is not False:
             owned.flush(max(0.1, deadline - time.monotonic()))
         self.report_deliveries(closing=True)
         with self._wake:
