@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import importlib.util
 import logging
+import os
 import sys
 import threading
 import time
@@ -54,6 +55,9 @@ class _Process:
     live: Instrumentation | None = None
     owned: OwnedSdk | None = None
     exit_hook = False
+    #: The process that registered the exit hook: a child forked from it inherits the hook,
+    #: and must leave the parent's data to the parent (:mod:`otel_graph.forks`).
+    exit_pid = 0
     meters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
     #: Counts of tasks folded into aggregate spans by parts with no handle (cluster workers).
     aggregated_sources: list = []
@@ -387,6 +391,7 @@ def ensure_exit_hook() -> None:
     with _EXIT_HOOK_LOCK:  # not _Process.lock: an event loop thread may call this while it is held
         if not _Process.exit_hook:
             _Process.exit_hook = True
+            _Process.exit_pid = os.getpid()
             atexit.register(_exit)
 
 
@@ -419,7 +424,7 @@ _EXITING = threading.Lock()
 def _exit() -> None:
     # Once: a worker's SIGTERM handler runs this too, maybe while the atexit hook already
     # does. Test and set in one step: a signal can land between a separate test and set.
-    if not _EXITING.acquire(blocking=False):
+    if os.getpid() != _Process.exit_pid or not _EXITING.acquire(blocking=False):
         return
     worker = sys.modules.get("otel_graph.cluster.worker")
     if worker is not None:

@@ -50,6 +50,7 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_graph.config import DEFAULT_EXIT_TIMEOUT_S
+from otel_graph.forks import forked_child_drops, stands_down
 from otel_graph.histograms import HistogramSet
 
 logger = logging.getLogger("otel_graph")
@@ -126,8 +127,18 @@ class ReliableSpanProcessor(SpanProcessor):
         #: Called from the export thread with each batch the collector took (a distributed
         #: worker reports what it delivered to the scheduler: :mod:`otel_graph.cluster.ledger`).
         self.on_delivered: Callable[[list[ReadableSpan]], None] | None = None
+        self._forked = False
         self._thread = threading.Thread(target=self._run, name="otel-graph-spans", daemon=True)
         self._thread.start()
+        stands_down(self)
+
+    def _after_fork_in_child(self) -> None:
+        # The queue is the parent's to deliver, through an exporter the child cannot share.
+        self._forked = self._stopped = True
+        self._cond = threading.Condition()
+        self._queue = deque()
+        self._weight = self._inflight = self._inflight_weight = 0
+        self.exported = self.dropped = self.failed_attempts = self.undelivered = 0
 
     # -- SpanProcessor --------------------------------------------------------------
     def on_start(self, span: Any, parent_context: Any = None) -> None:
@@ -137,6 +148,8 @@ class ReliableSpanProcessor(SpanProcessor):
         with self._cond:  # so a span cannot slip in after deliver_remaining has counted the queue
             if self._stopped:
                 self.undelivered += 1
+                if self._forked:
+                    forked_child_drops("spans")
                 return
             self._queue.append(span)
             self._weight += _weight(span)
@@ -414,6 +427,14 @@ class CountingMetricExporter(MetricExporter):
         #: Called with each export the collector took (a distributed worker reports its task
         #: counts to the scheduler: :mod:`otel_graph.cluster.ledger`).
         self.on_delivered: Callable[[MetricsData], None] | None = None
+        self._forked = False
+        stands_down(self)
+
+    def _after_fork_in_child(self) -> None:
+        # The SDK restarts its reader in the child; the exporter it calls is the parent's.
+        self._forked = True
+        self._lock = threading.Lock()
+        self.exported = self.undelivered = self.inflight = 0
 
     @property
     def stuck(self) -> bool:
@@ -452,6 +473,10 @@ class CountingMetricExporter(MetricExporter):
             metrics_data = self._histograms.merge_into(metrics_data, temporality)
         points = _count_points(metrics_data)
         with self._lock:
+            if self._forked:
+                self.undelivered += points
+                forked_child_drops("metrics")
+                return MetricExportResult.FAILURE
             if self._given_up:
                 # Past exit's deadline, after the warning: the reader's final collection,
                 # held behind an export that hung. Not sent, and not counted: its series are

@@ -35,6 +35,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
 from otel_graph.events import TaskEvent, describe_exception, task_prefix
+from otel_graph.forks import forked_child_drops, stands_down
 from otel_graph.metrics import TaskMetrics
 from otel_graph.policy import Aggregate, SpanPlan
 from otel_graph.spans import (
@@ -168,11 +169,27 @@ class Tracker:
         self.tasks_recovered = 0
         self.processing_errors = 0
         self.begin_errors = 0
+        #: Computes run untraced in a process forked from this one's (:mod:`otel_graph.forks`).
+        self.untraced_in_child = 0
+        self._forked = False
         self._thread = threading.Thread(target=self._run, name="otel-graph-tracker", daemon=True)
         self._thread.start()
+        stands_down(self)
+
+    def _after_fork_in_child(self) -> None:
+        # The parent's computes are the parent's to finish, and this thread did not come along.
+        self._forked = True
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._records = {}
+        self._backlog = 0
 
     # -- called from capture, on the user's threads ------------------------------------
     def begin(self, scheduler: str) -> ComputeRecord | None:
+        if self._forked:
+            self.untraced_in_child += 1
+            forked_child_drops("computes")
+            return None
         start = time.time_ns()
         span = self._tracer.start_span("dask.compute", start_time=start,
                                        attributes={"dask.scheduler": scheduler})
