@@ -68,13 +68,15 @@ PROGRESS_SPANS_PER_STEP = 100
 PROGRESS_SPAN = "dask.compute.progress"
 #: Task events turned into TaskEvents and consumed at a time (see _drain).
 EVENT_SLICE = 2048
+#: How long stop() waits, once it gave up, for the thread to put down its slice.
+_HALT_WAIT_S = 0.2
 
 
 class ComputeRecord:
     """One compute: what capture writes (``sink``, ``submitted``, ``lost``) and what we derive."""
 
     __slots__ = ("scheduler", "span", "context", "start_ns", "end_ns", "error", "sink", "submitted",
-                 "lost", "seen", "graph", "state", "plan", "sampled", "graph_tasks", "cluster",
+                 "lost", "seen", "in_hand", "graph", "state", "plan", "sampled", "graph_tasks", "cluster",
                  "cluster_events", "task_span_ids", "caller", "parents", "assign_ids", "in_backlog",
                  "progress_ns", "progress_spans")
 
@@ -96,6 +98,8 @@ class ComputeRecord:
         self.submitted = 0
         self.lost = 0
         self.seen = 0
+        #: Records taken from the sink for a drain and not yet made telemetry.
+        self.in_hand = 0
         self.graph: Any = None
         self.state: Any = None
         self.plan: SpanPlan | None = None
@@ -164,6 +168,9 @@ class Tracker:
         self._forgotten = 0  # computes finished with, ever: progress, for keep_up
         self._stalled_at: int | None = None
         self._stopping = False
+        #: Set when stop() gives up on what is left: the thread stops at its next slice of
+        #: records, which then stay counted as unbuilt (unprocessed()), not built unseen.
+        self._halt = False
         self.tasks_aggregated = 0
         #: Tasks whose spans a lost worker took with it, made up from the scheduler's count.
         self.tasks_recovered = 0
@@ -283,9 +290,15 @@ class Tracker:
             self.flush(timeout_s)
         with self._wake:
             self._stopping = True
+            self._halt = not drain
             self._wake.notify_all()
         self._thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        if not drain or self._thread.is_alive():
+        if self._thread.is_alive():
+            # Out of time mid-drain: the rest is counted, so the thread must not go on building
+            # it after the count (and after exit's warning). It stops within a slice.
+            self._halt = True
+            self._thread.join(_HALT_WAIT_S)
+        if self._halt or self._thread.is_alive():
             left = self.unprocessed()
             if not self._thread.is_alive():
                 self._release()
@@ -311,7 +324,7 @@ class Tracker:
     def unprocessed(self) -> int:
         """Task records not yet turned into spans, plus the root spans of computes still open."""
         with self._lock:
-            return sum(len(r.sink) + 1 for r in self._records)
+            return sum(len(r.sink) + r.in_hand + 1 for r in self._records)
 
     def _close_incomplete(self, record: ComputeRecord) -> None:
         if record.end_ns is None:
@@ -367,7 +380,11 @@ class Tracker:
             # so that those not kept die young: 10^5 at once outlived two collections, and
             # their promotion set off a full one (~0.1 s) on the tracker's drain.
             for start in range(0, count, EVENT_SLICE):
+                record.in_hand = count - start
+                if self._halt:
+                    return
                 self._consume(record, plan, list(map(TaskEvent._make, taken[start:start + EVENT_SLICE])))
+            record.in_hand = 0
         if record.end_ns is None:
             try:
                 self._progress(record)

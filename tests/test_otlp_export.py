@@ -170,6 +170,25 @@ def test_a_broken_collector_never_hurts_the_computation(state, protocol):
         assert broken.spans() == []
 
 
+def test_exit_mid_drain_counts_every_span_once_and_stops_building(receiver):
+    """Every task its own span (no budget), the collector down, and an exit while the tracker
+    is still turning 200,000 task records into spans: the warning counts each span once,
+    built or not, and the exit does not wait for the building. (It counted ~115,000 of
+    200,001, and the tracker went on building after the warning, past 2 s.)"""
+    receiver.stop()  # nothing listens there any more
+    # No drain while it runs: the tracker takes all 200,000 records in hand as the compute ends.
+    env = otlp_env(receiver.grpc_endpoint, "grpc", OTEL_GRAPH_MAX_TASK_SPANS="unlimited", OTEL_GRAPH_RESOURCES="false",
+                   OTEL_GRAPH_DRAIN_INTERVAL="60")
+    run = run_app("--tasks", "200000", env=env, timeout_s=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    (warning,) = [line for line in run.stderr.splitlines() if "not delivered" in line]
+    counts = [int(word) for word in warning.replace("(", " ").split() if word.isdigit()]
+    spans, unbuilt = counts[0], counts[2] if len(counts) > 2 else 0
+    # 200,000 task spans and the compute's (a progress span or so, were a drain to come early).
+    assert 200_001 <= spans + unbuilt <= 200_004, warning
+    assert run.exit_latency_s < 2.0, run.exit_latency_s
+
+
 def test_data_held_while_the_collector_is_down_arrives_when_it_returns(receiver):
     receiver.fail = True
     proc = subprocess.Popen([sys.executable, str(APP), "--tasks", "300", "--wait-stdin", "--flush"],
