@@ -34,6 +34,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,15 @@ def build_resource(extra: dict[str, Any] | None = None) -> Resource:
     return resource
 
 
+def _in_file_dir(settings: Settings, make: Callable[[Path], Any]) -> Any:
+    """An ``otlp_file`` exporter, or a clear error naming the variable where its file cannot be."""
+    try:
+        return make(Path(settings.file_dir))
+    except OSError as exc:
+        raise ConfigurationError(f"OTEL_GRAPH_FILE_DIR={settings.file_dir!r} cannot hold the otlp_file "
+                                 f"exporters' files: {exc.strerror or exc}") from None
+
+
 def _span_exporter(settings: Settings) -> SpanExporter | None:
     if settings.traces_exporter == "none":
         return None
@@ -74,7 +84,7 @@ def _span_exporter(settings: Settings) -> SpanExporter | None:
     if settings.traces_exporter == "otlp_file":
         from otel_graph.otlp_json import OtlpJsonSpanExporter
 
-        return OtlpJsonSpanExporter(Path(settings.file_dir) / "traces.jsonl")
+        return _in_file_dir(settings, lambda directory: OtlpJsonSpanExporter(directory / "traces.jsonl"))
     from otel_graph.otlp_fast import otlp_span_exporter
 
     return otlp_span_exporter(protocol=otlp_protocol("traces"))
@@ -88,7 +98,7 @@ def _metric_exporter(settings: Settings) -> Any:
     if settings.metrics_exporter == "otlp_file":
         from otel_graph.otlp_json import OtlpJsonMetricExporter
 
-        return OtlpJsonMetricExporter(Path(settings.file_dir) / "metrics.jsonl")
+        return _in_file_dir(settings, lambda directory: OtlpJsonMetricExporter(directory / "metrics.jsonl"))
     if otlp_protocol("metrics") == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
 
@@ -285,7 +295,9 @@ def build_sdk(settings: Settings, *, traces: bool, metrics: bool, scope: Instrum
     owned = OwnedSdk()
     resource = build_resource(resource_attributes)
     # Metrics first: the Prometheus port may be taken, and nothing else (no exporter
-    # thread) must have been started by then.
+    # thread) must have been started by then. A span exporter that cannot be made (a file
+    # directory that cannot be) is made first, though: it must not leave a metric reader running.
+    span_exporter = _span_exporter(settings) if traces else None
     if metrics:
         readers: list[MetricReader] = []
         owned.histograms = HistogramSet(scope)
@@ -299,7 +311,7 @@ def build_sdk(settings: Settings, *, traces: bool, metrics: bool, scope: Instrum
         owned.meter_provider = MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False)
     if traces:
         provider = TracerProvider(resource=resource, shutdown_on_exit=False)
-        exporter = _span_exporter(settings)
+        exporter = span_exporter
         if settings.traces_exporter == "otlp":
             from otel_graph.endpoint import collector_address
 

@@ -85,6 +85,29 @@ def test_bad_environment_fails_at_instrument_scheduler_with_a_clear_message():
                     "is not valid; accepted values: grpc, http/protobuf")
 
 
+@pytest.mark.parametrize("signal", ["TRACES", "METRICS"])
+def test_a_file_dir_that_cannot_be_made_is_a_clear_error_that_leaves_nothing_running(tmp_path, signal):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    code = (
+        "import threading, otel_graph\n"
+        "for attempt in (1, 2):\n"
+        "    try:\n"
+        "        otel_graph.instrument_scheduler(resources=False)\n"
+        "    except otel_graph.ConfigurationError as exc:\n"
+        "        print('ERROR', exc)\n"
+        "print('THREADS', sorted(t.name for t in threading.enumerate() if t.name != 'MainThread'))\n"
+    )
+    env = subprocess_env(**{f"OTEL_{signal}_EXPORTER": "otlp_file", "OTEL_GRAPH_FILE_DIR": str(blocker / "out"),
+                            "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"})
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    errors = [line for line in proc.stdout.splitlines() if line.startswith("ERROR ")]
+    assert len(errors) == 2 and all("OTEL_GRAPH_FILE_DIR=" in e and "Not a directory" in e for e in errors), proc.stdout
+    # Not a metric reader (or span exporter thread) left running per attempt.
+    assert proc.stdout.splitlines()[-1] == "THREADS []", proc.stdout
+
+
 def test_sdk_disabled_leaves_dask_untouched():
     code = (
         "import dask, dask.local, otel_graph\n"
