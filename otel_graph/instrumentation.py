@@ -81,11 +81,23 @@ def _owned_sdk(settings: Settings, *, traces: bool, metrics_: bool,
     if owned is None:
         owned = _Process.owned = build_sdk(settings, traces=traces, metrics=metrics_, scope=SCOPE,
                                            resource_attributes=resource_attributes)
-        if owned.tracer_provider is not None:
-            trace.set_tracer_provider(owned.tracer_provider)
-        if owned.meter_provider is not None:
-            metrics.set_meter_provider(owned.meter_provider)
+        _set_globals(owned)
+    elif traces and owned.tracer_provider is None or metrics_ and owned.meter_provider is None:
+        # Built earlier for one signal (the caller passed a provider for the other) and now
+        # wanted for both: without the missing one, its telemetry went to the API's no-op.
+        more = build_sdk(settings, traces=traces and owned.tracer_provider is None,
+                         metrics=metrics_ and owned.meter_provider is None, scope=SCOPE,
+                         resource_attributes=resource_attributes)
+        owned.adopt(more)
+        _set_globals(more)
     return owned
+
+
+def _set_globals(owned: OwnedSdk) -> None:
+    if owned.tracer_provider is not None:
+        trace.set_tracer_provider(owned.tracer_provider)
+    if owned.meter_provider is not None:
+        metrics.set_meter_provider(owned.meter_provider)
 
 
 class _MeterInstruments:

@@ -171,6 +171,15 @@ class OwnedSdk:
     #: (host, port) the OTLP span exporter sends to, if over TCP: asked at exit (endpoint.py).
     collector: tuple[str, int] | None = None
 
+    def adopt(self, other: OwnedSdk) -> None:
+        """Take the signal ``other`` was built for, which this one lacks."""
+        if self.tracer_provider is None and other.tracer_provider is not None:
+            self.tracer_provider, self.span_processor = other.tracer_provider, other.span_processor
+            self.collector = other.collector
+        if self.meter_provider is None and other.meter_provider is not None:
+            self.meter_provider, self.metric_exporter = other.meter_provider, other.metric_exporter
+            self.histograms = other.histograms
+
     def stats(self) -> dict[str, int]:
         spans, points = self.span_processor, self.metric_exporter
         return {

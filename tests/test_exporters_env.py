@@ -261,3 +261,30 @@ def test_flush_reports_failure_when_the_collector_is_down(protocol):
 def test_flush_returns_within_its_timeout_when_the_collector_is_down(protocol):
     _, took_s = flush_against_nothing(protocol)
     assert took_s < FLUSH_TIMEOUT_S + 1.0, took_s
+
+
+PROVIDER_THEN_OWN = """
+import dask
+import otel_graph
+from opentelemetry.sdk.trace import TracerProvider
+
+handle = otel_graph.instrument_scheduler(tracer_provider=TracerProvider(), resources=False)
+dask.get({"mine": (abs, -1)}, "mine")  # traced to the caller's provider, which exports nowhere
+handle.uninstrument()
+handle = otel_graph.instrument_scheduler(resources=False)  # now from OTEL_*, traces too
+dask.get({"ours": (abs, -2)}, "ours")
+print("FLUSHED", handle.flush(timeout_s=30))
+"""
+
+
+def test_instrumenting_again_without_the_caller_s_provider_exports_traces_from_the_environment(receiver):
+    """The first call built otel_graph's SDK for metrics only (the caller brought a tracer
+    provider); a later plain call got the API's no-op tracer: no spans, flush() True, no word."""
+    env = otlp_env(receiver.grpc_endpoint, "grpc")
+    proc = subprocess.run([sys.executable, "-c", PROVIDER_THEN_OWN], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "FLUSHED True"
+    keys = [s["attributes"]["dask.task.key"] for s in receiver.spans() if "dask.task.key" in s["attributes"]]
+    assert keys == ["ours"]
+    assert [s["name"] for s in receiver.spans()].count("dask.compute") == 1
