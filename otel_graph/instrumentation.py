@@ -420,6 +420,8 @@ def instrument_scheduler(*, tracer_provider: Any = None, meter_provider: Any = N
                 handle = Instrumentation(settings, tracer_provider=tracer_provider,
                                          meter_provider=meter_provider, client=client)
             _Process.live = handle
+        elif options or tracer_provider is not None or meter_provider is not None:
+            _ignored(handle, load_settings(**options), tracer_provider, meter_provider)
         ensure_exit_hook()
     # Outside the lock: registering plugins waits on the cluster, and an in-process
     # scheduler's plugin looks up the live handle from the event loop's thread.
@@ -427,6 +429,21 @@ def instrument_scheduler(*, tracer_provider: Any = None, meter_provider: Any = N
     if client is not None and cluster is not None:
         cluster.attach(client)
     return handle
+
+
+def _ignored(handle: Any, settings: Settings, tracer_provider: Any, meter_provider: Any) -> None:
+    """Say which of a later call's choices the live handle does not follow (validated all the same)."""
+    providers = getattr(handle, "providers", None)
+    differ = [f"the {name}" for name, given, live in
+              (("tracer_provider", tracer_provider, getattr(providers, "tracer_provider", None)),
+               ("meter_provider", meter_provider, getattr(providers, "meter_provider", None)))
+              if given is not None and given is not live]
+    live_settings = getattr(handle, "settings", None)
+    if live_settings is not None and settings != live_settings:
+        differ.append("its options")
+    if differ:
+        logger.warning("otel_graph: already instrumented; this call's %s are ignored (the live handle is "
+                       "returned): call uninstrument() first to change them", " and ".join(differ))
 
 
 #: Taken by the first exit, never released.

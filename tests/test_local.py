@@ -245,6 +245,29 @@ def test_instrument_is_idempotent_and_uninstrument_restores_dask():
     assert dask.local.get_async is before[0]
 
 
+def test_a_second_call_says_which_of_its_choices_the_live_handle_ignores(telemetry, caplog):
+    import dask
+    from opentelemetry.sdk.trace import TracerProvider
+
+    import otel_graph
+    from otel_graph.config import ConfigurationError
+
+    with caplog.at_level("WARNING", logger="otel_graph"):
+        assert otel_graph.instrument_scheduler() is telemetry.handle  # nothing asked: nothing said
+        assert otel_graph.instrument_scheduler(resources=False) is telemetry.handle  # what it has
+        assert not caplog.records
+        assert otel_graph.instrument_scheduler(max_task_spans=2, tracer_provider=TracerProvider()) is \
+            telemetry.handle
+    (record,) = caplog.records
+    assert "the tracer_provider and its options are ignored" in record.getMessage()
+    with pytest.raises(ConfigurationError, match="OTEL_GRAPH_DRAIN_INTERVAL|drain_interval"):
+        otel_graph.instrument_scheduler(drain_interval_s="oops")
+    # The live handle kept its budget and its provider.
+    dask.get({("t", i): (abs, i) for i in range(5)}, [("t", i) for i in range(5)])
+    (root,) = telemetry.roots()
+    assert len(telemetry.children(root)) == 5
+
+
 def _noop_meter():
     from opentelemetry.sdk.metrics import MeterProvider
 
