@@ -284,6 +284,7 @@ class Instrumentation:
         current = self._owned.stats() if self._owned is not None else {}
         current["tasks_aggregated"] = self._tracker.tasks_aggregated
         current["tasks_recovered"] = self._tracker.tasks_recovered
+        current["span_errors"] = self._tracker.span_errors
         if workers:
             cluster, answered = self._cluster.worker_stats(timeout_s) if self._cluster is not None else ({}, 0)
             summed = Counter(current)

@@ -176,6 +176,8 @@ class Tracker:
         self.tasks_recovered = 0
         self.processing_errors = 0
         self.begin_errors = 0
+        #: Task and aggregate spans whose making raised (:meth:`_span_failed`).
+        self.span_errors = 0
         #: Computes run untraced in a process forked from this one's (:mod:`otel_graph.forks`).
         self.untraced_in_child = 0
         self._forked = False
@@ -428,15 +430,30 @@ class Tracker:
     def _task_span(self, record: ComputeRecord, ev: TaskEvent, prefix: str) -> None:
         ids = record.task_span_ids
         extra = {"span_id": ids[ev.key]} if ids and ev.key in ids else {}
-        self._emitter.emit(
-            parent=record.span, name=self._metrics.span_name(prefix), start_ns=ev.start_ns, end_ns=ev.end_ns,
-            attributes=task_attributes(ev, prefix, record.graph, record.state), error=ev.error, **extra,
-        )
+        try:
+            self._emitter.emit(
+                parent=record.span, name=self._metrics.span_name(prefix), start_ns=ev.start_ns, end_ns=ev.end_ns,
+                attributes=task_attributes(ev, prefix, record.graph, record.state), error=ev.error, **extra,
+            )
+        except Exception as exc:  # one span must not cost the rest of its compute
+            self._span_failed(exc)
 
     def _aggregate_span(self, record: ComputeRecord, agg: Aggregate) -> None:
         self.tasks_aggregated += agg.count
-        self._emitter.emit(parent=record.span, name=self._metrics.span_name(agg.prefix), start_ns=agg.start_ns,
-                           end_ns=agg.end_ns, attributes=aggregate_attributes(agg))
+        try:
+            self._emitter.emit(parent=record.span, name=self._metrics.span_name(agg.prefix), start_ns=agg.start_ns,
+                               end_ns=agg.end_ns, attributes=aggregate_attributes(agg))
+        except Exception as exc:
+            self._span_failed(exc)
+
+    def _span_failed(self, exc: Exception) -> None:
+        # An application's span processor that raises (in on_end, through span.end()) made
+        # the drain give up the rest of the compute, said only at DEBUG.
+        self.span_errors += 1
+        if self.span_errors == 1:
+            logger.warning("otel_graph: making a span raised (%s: %s), from the span processors or our own code; "
+                           "the other spans go on, and stats()['span_errors'] counts those that raised",
+                           type(exc).__name__, exc)
 
     def recovered(self, parent: trace.Span, *, prefix: str, count: int, duration_s: float,
                   start_ns: int, end_ns: int, worker: str) -> None:

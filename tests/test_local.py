@@ -268,6 +268,36 @@ def test_a_second_call_says_which_of_its_choices_the_live_handle_ignores(telemet
     assert len(telemetry.children(root)) == 5
 
 
+def test_a_span_processor_that_raises_on_one_span_costs_that_span_only(caplog):
+    import dask
+    from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    import otel_graph
+
+    class Picky(SpanProcessor):  # an application's processor with a bug for one value
+        def on_end(self, span):
+            if span.attributes.get("dask.task.key") == "('t', 3)":
+                raise ValueError("bug in the app's processor")
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(Picky())  # first: the span it raises on reaches no later one
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    graph = {("t", i): (abs, i) for i in range(10)}
+    with caplog.at_level("WARNING", logger="otel_graph"), otel_graph.instrument_scheduler(
+            tracer_provider=provider, meter_provider=_noop_meter(), resources=False) as handle:
+        assert dask.get(graph, list(graph)) == tuple(range(10))
+        assert handle.flush(timeout_s=30)
+        assert handle.stats()["span_errors"] == 1
+    # The drain used to give up the rest of the compute at the first raise: 3 of 10 arrived.
+    keys = sorted(s.attributes["dask.task.key"] for s in exporter.get_finished_spans() if s.name == "t")
+    assert keys == sorted(str(("t", i)) for i in range(10) if i != 3)
+    assert [r.getMessage() for r in caplog.records if "making a span raised" in r.getMessage()] != []
+    assert len(caplog.records) == 1
+
+
 def _noop_meter():
     from opentelemetry.sdk.metrics import MeterProvider
 
