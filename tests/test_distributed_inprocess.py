@@ -319,3 +319,23 @@ def test_keys_that_are_each_their_own_prefix_stay_bounded_on_the_workers(telemet
     (overflow,) = [p for p in durations if "dask.task.prefix" not in p.attributes]
     assert len(labelled) == 20 and overflow.attributes["otel.metric.overflow"] is True
     assert sum(p.count for p in durations) == 300
+
+
+def test_a_persisted_collection_is_traced_and_keeps_no_trace_annotation(telemetry, client):
+    """The trace annotation goes on the graph sent, not on the collections ``persist``
+    builds: annotating the whole call left it in the persisted graph's layers (sent again
+    with every graph built on them), and made dask.dataframe warn of it, an error under
+    ``-W error``."""
+    import dask.array as da
+    from distributed import wait
+
+    persisted = client.persist(da.ones(20, chunks=5) + 1)
+    wait(persisted)
+    assert int(persisted.sum().compute()) == 40
+    layers = persisted.__dask_graph__().layers.values()
+    assert all("otel_graph" not in (layer.annotations or {}) for layer in layers)
+    roots = telemetry.roots()
+    assert len(roots) == 2  # the persist, and the compute of what it holds
+    # The graph it sent still carried the annotation: its tasks are traced, under the persist.
+    assert wait_until(lambda: sum(s.parent.span_id == roots[0].context.span_id and "dask.task.key" in s.attributes
+                                  for s in telemetry.spans() if s.parent is not None) >= 4)

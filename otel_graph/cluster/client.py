@@ -11,7 +11,8 @@ opens none. A wrapped call:
    caller's current span, or, when called from inside a task, of that task's compute;
 2. submits the graph inside ``dask.annotate(otel_graph=...)``, which carries the span
    context and each worker's share of the span budget to every task
-   (:mod:`.propagation`);
+   (:mod:`.propagation`): only around ``Client._graph_to_futures``, where every call sends
+   its graph, so the collections a call builds (``persist``'s) carry none;
 3. ends the span when the results are in: when ``get`` returns, or when the last
    future of the other calls finishes, errs, is cancelled or is dropped (watched
    without holding the futures, so dropping them still releases their work).
@@ -62,7 +63,13 @@ CLUSTER_TIMEOUT_S = 10.0
 
 #: Set while a traced call runs, so the calls it makes (``get`` -> ``gather``) are not traced again.
 _INSIDE: contextvars.ContextVar[bool] = contextvars.ContextVar("otel_graph_inside", default=False)
+#: The trace annotation of the traced call running, put on the graph it sends and nowhere else:
+#: annotating the whole call (``dask.annotate``) also annotated the collections that ``persist``
+#: builds, which warn of it (an error under ``-W error``) and keep it for later graphs.
+_NOTE: contextvars.ContextVar[str | None] = contextvars.ContextVar("otel_graph_note", default=None)
 _WRAPPED = ("get", "compute", "persist", "submit", "map")
+#: Where every one of them sends its graph (Client._graph_to_futures): annotated there.
+_SENDS = "_graph_to_futures"
 
 
 def _client_env() -> dict[str, str]:
@@ -105,6 +112,18 @@ def _bounded(work: Callable[[], Any], timeout_s: float, what: str) -> tuple[bool
     return True, value
 
 
+def _annotate_sent(original: Any) -> Any:
+    @functools.wraps(original)
+    def graph_to_futures(client: Any, *args: Any, **kwargs: Any) -> Any:
+        note = _NOTE.get()
+        if note is None:
+            return original(client, *args, **kwargs)
+        with dask.annotate(**{ANNOTATION: note}):
+            return original(client, *args, **kwargs)
+
+    return graph_to_futures
+
+
 class ClusterCapture:
     """Wraps the Client class; ``register=False`` (inside a worker) only listens, never registers."""
 
@@ -124,10 +143,11 @@ class ClusterCapture:
     def install(self) -> None:
         from distributed import Client
 
-        for name in (*_WRAPPED, "start"):
+        for name in (*_WRAPPED, "start", _SENDS):
             original = Client.__dict__[name]
             self._originals[name] = original
-            setattr(Client, name, self._wrap_start(original) if name == "start" else self._wrap(original, name))
+            wrap = {"start": self._wrap_start, _SENDS: _annotate_sent}.get(name)
+            setattr(Client, name, wrap(original) if wrap is not None else self._wrap(original, name))
 
     def uninstall(self, *, detach: bool = True) -> None:
         """Restore the Client class; with ``detach``, also leave the clusters (see the module docs)."""
@@ -419,14 +439,14 @@ class ClusterCapture:
             logger.debug("otel_graph: could not open a distributed compute span", exc_info=True)
         if record is None:
             return original(client, *args, **kwargs)
-        token = _INSIDE.set(True)
+        token, noted = _INSIDE.set(True), _NOTE.set(note)
         try:
-            with dask.annotate(**{ANNOTATION: note}):
-                result = original(client, *args, **kwargs)
+            result = original(client, *args, **kwargs)
         except BaseException as exc:
             self._tracker.end(record, exc)
             raise
         finally:
+            _NOTE.reset(noted)
             _INSIDE.reset(token)
         try:
             if kind == "get" and kwargs.get("sync", True) and inspect.isawaitable(result):
