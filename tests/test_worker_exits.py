@@ -408,6 +408,13 @@ def test_client_restart_between_two_computes(receiver, tmp_path):
     root_after, after = assert_traced_completely(receiver, "after")
     # The restart took the old workers down after they delivered: nothing was recovered.
     assert recovered_spans(receiver, root_before) == recovered_spans(receiver, root_after) == []
+    # The future it cancelled, which the user still held, ends its compute as cancelled
+    # (a restart clears the client's references too: it read as a release, a success).
+    assert app.value("HELD") == "cancelled"
+    (held,) = [r for r in roots(receiver) if r not in (root_before, root_after)]
+    assert held["status_code"] == 2, held
+    assert [e["attributes"]["dask.task.key"] for e in held["events"] if e["name"] == "dask.future.cancelled"] == \
+        ["held-0"]
     # The second compute ran on the new worker processes, which got the plugin from the scheduler.
     assert set(workers_before).isdisjoint(workers_after)
     assert {s["attributes"]["dask.worker.id"] for s in before} <= set(workers_before)

@@ -184,58 +184,30 @@ def watch_futures(client: Any, futures: Iterable[Any], settled: Any) -> None:
     """Call ``settled(key, status, error)`` once per future: finished, error, cancelled, or released.
 
     Waits on each future's shared state (``future._state``), never on the future: holding
-    the future would keep its key alive on the cluster after the user dropped it. A
-    future dropped by the user settles as ``released`` (its state is cancelled when the
-    client lets go of the key, so a cancel with no reference left is a release).
-    ``settled`` always runs on the client's loop, never inside the garbage collector,
-    which may run while any lock of the program is held.
+    the future would keep its key alive on the cluster after the user dropped it. A key
+    the client let go of (every future of it dropped) has its state cancelled, with no
+    reference left: that settles as ``released``; a key cancelled by a restart of the
+    scheduler stays ``cancelled``. One coroutine on the client's loop waits on the
+    states in turn (all must end before the compute does): a watcher per future (a
+    callback handed to the loop, a finalizer and a lock each) made ``map`` of 2,000
+    tasks take 0.14-0.32 s instead of 0.005 s, and held ~4 kB per pending future.
     """
-    import weakref
+    watched = [(future._state, future.key) for future in futures]
 
-    loop = client.loop
-    for future in futures:
-        state, key = future._state, future.key
-        once = _Once(settled, key)
-
-        async def wait(state: Any = state, once: _Once = once, key: Any = key) -> None:
+    async def wait_all() -> None:
+        for state, key in watched:
             try:
                 await state.wait()
             except Exception:  # the client closed under us: the future is gone either way
-                once("cancelled", None)
-                return
-            status = state.status
-            if status == "cancelled" and not client.refcount.get(key):
+                settled(key, "cancelled", None)
+                continue
+            status, error = state.status, state.exception
+            if status == "cancelled" and not client.refcount.get(key) and \
+                    getattr(error, "reason", None) != "scheduler-restart":
                 status = "released"
-            error = state.exception if status == "error" else None
-            once(status, error if isinstance(error, BaseException) else None)
+            settled(key, status, error if status == "error" and isinstance(error, BaseException) else None)
 
-        weakref.finalize(future, _on_loop, loop, once)
-        loop.add_callback(wait)
-
-
-def _on_loop(loop: Any, once: Any) -> None:
-    try:
-        loop.add_callback(once, "released", None)
-    except Exception:  # the loop is gone: so is the client, and its computes were ended
-        pass
-
-
-class _Once:
-    """The first of a future's outcomes wins (the loop and the garbage collector may race)."""
-
-    __slots__ = ("_callback", "_key", "_lock", "_done")
-
-    def __init__(self, callback: Any, key: Any) -> None:
-        import threading
-
-        self._callback, self._key, self._lock, self._done = callback, key, threading.Lock(), False
-
-    def __call__(self, status: str, error: BaseException | None) -> None:
-        with self._lock:
-            if self._done:
-                return
-            self._done = True
-        self._callback(self._key, status, error)
+    client.loop.add_callback(wait_all)
 
 
 def stream_open(worker: Any) -> bool:

@@ -252,7 +252,11 @@ def scenario_restart() -> None:
     cluster, client = local_cluster()
     print_workers(client)
     print("RESULT_BEFORE", client.get(sum_graph("before"), "total-before"), flush=True)
+    # A future still running when the cluster restarts, which the user still holds.
+    held = client.submit(hold, os.path.join(tempfile.mkdtemp(), "never"), 1, key="held-0")
+    wait_until(lambda: "held-0" in {k for keys in client.processing().values() for k in keys}, "held-0 to run")
     client.restart()
+    print("HELD", held.status, flush=True)
     print_workers(client)
     print("RESULT_AFTER", client.get(sum_graph("after"), "total-after"), flush=True)
     print("FLUSHED", handle.flush(timeout_s=30), flush=True)
