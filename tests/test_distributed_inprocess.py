@@ -202,6 +202,11 @@ def test_uninstrument_restores_the_client_class_and_the_cluster_exactly(telemetr
     assert telemetry.exporter.get_finished_spans() == ()
 
 
+def slow_inc(x: int) -> int:
+    time.sleep(0.3)
+    return x + 1
+
+
 def test_asynchronous_clients_are_traced(telemetry):
     import asyncio
 
@@ -213,12 +218,19 @@ def test_asynchronous_clients_are_traced(telemetry):
                 # (Client.get itself cancels its futures on asynchronous clients in distributed 2026.8.)
                 submitted = client.submit(inc, 3, key="inc-3")
                 future = client.compute(dask.delayed(inc)(41, dask_key_name="inc-41"))
-                return await submitted, await future
+                # sync=True: an awaitable of the results, ended when they are in (it ended at once).
+                # (A list: distributed 2026.8 itself fails a single collection here.)
+                results = client.compute([dask.delayed(slow_inc)(9, dask_key_name="slow-9")], sync=True)
+                return await submitted, await future, await results
 
-    assert asyncio.run(main()) == (4, 42)
+    assert asyncio.run(main()) == (4, 42, [10])
     roots = telemetry.roots()
-    assert len(roots) == 2 and all(r.attributes["dask.scheduler"] == "distributed" for r in roots)
-    assert wait_until(lambda: sum(len(telemetry.children(r)) for r in telemetry.roots()) == 2)
+    assert len(roots) == 3 and all(r.attributes["dask.scheduler"] == "distributed" for r in roots)
+    assert wait_until(lambda: sum(len(telemetry.children(r)) for r in telemetry.roots()) == 3)
+    (slow_root,) = [r for r in roots if any(c.attributes.get("dask.task.key") == "slow-9"
+                                            for c in telemetry.children(r))]
+    (slow_task,) = telemetry.children(slow_root)
+    assert slow_root.end_time >= slow_task.end_time
 
 
 @pytest.mark.parametrize("telemetry", [{"drain_interval_s": 0.1, "progress_interval_s": 0.2}], indirect=True)

@@ -449,9 +449,10 @@ class ClusterCapture:
             _NOTE.reset(noted)
             _INSIDE.reset(token)
         try:
-            if kind == "get" and kwargs.get("sync", True) and inspect.isawaitable(result):
-                return self._end_when_awaited(record, result)  # an asynchronous client's get
-            if (kind == "get" and kwargs.get("sync", True)) or (kind == "compute" and kwargs.get("sync")):
+            returns_results = (kind == "get" and kwargs.get("sync", True)) or (kind == "compute" and kwargs.get("sync"))
+            if returns_results and inspect.isawaitable(result):
+                return self._end_when_awaited(record, result)  # an asynchronous client's
+            if returns_results:
                 self._tracker.end(record, None)
             else:
                 self._end_when_settled(client, record, result)
