@@ -41,6 +41,7 @@ import inspect
 import logging
 import os
 import threading
+import time
 import weakref
 from collections import Counter
 from collections.abc import Callable
@@ -90,26 +91,37 @@ def _bounded(work: Callable[[], Any], timeout_s: float, what: str) -> tuple[bool
     distributed's blocking client calls take no deadline and wait on every worker; a
     paused or dying worker must not hang ``flush()``, ``uninstrument()`` or ``Client()``.
     """
-    outcome: list[Any] = []
+    return _bounded_all([work], timeout_s, what)[0]
 
-    def run() -> None:
+
+def _bounded_all(works: list[Callable[[], Any]], timeout_s: float, what: str) -> list[tuple[bool, Any]]:
+    """:func:`_bounded` for several calls (one per client) side by side, within one ``timeout_s``
+    in all: one after another, each with its own, made a stuck cluster cost it once per client."""
+    outcomes: list[list[Any]] = [[] for _ in works]
+
+    def run(work: Callable[[], Any], outcome: list[Any]) -> None:
         try:
             outcome.append((True, work()))
         except Exception as exc:  # reported below, by type only
             outcome.append((False, exc))
 
-    thread = threading.Thread(target=run, name=f"otel-graph-{what}", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if not outcome:
-        logger.warning("otel_graph: the cluster did not answer %s within %.0f s; going on without waiting",
-                       what, timeout_s)
-        return False, None
-    ok, value = outcome[0]
-    if not ok:
-        logger.warning("otel_graph: %s failed: %s", what, type(value).__name__)
-        return False, None
-    return True, value
+    threads = [threading.Thread(target=run, args=(work, outcome), name=f"otel-graph-{what}", daemon=True)
+               for work, outcome in zip(works, outcomes)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + timeout_s
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    results = [outcome[0] if outcome else (False, None) for outcome in outcomes]
+    silent = sum(not outcome for outcome in outcomes)
+    if silent:  # once per call, not once per client of the same stuck cluster
+        clients = f" ({silent} of {len(works)} clients)" if len(works) > 1 else ""
+        logger.warning("otel_graph: the cluster did not answer %s within %.0f s%s; going on without waiting",
+                       what, timeout_s, clients)
+    for ok, value in results:
+        if not ok and value is not None:
+            logger.warning("otel_graph: %s failed: %s", what, type(value).__name__)
+    return [(ok, value if ok else None) for ok, value in results]
 
 
 def _annotate_sent(original: Any) -> Any:
@@ -157,10 +169,15 @@ class ClusterCapture:
         for name, original in self._originals.items():
             setattr(Client, name, original)
         self._originals.clear()
+        leaving = []
         for client in list(self._attached):
             self._attached.discard(client)
             if detach and getattr(client, "status", "") == "running":
-                self._leave(client)
+                leave = self._leave(client)
+                if leave is not None:
+                    leaving.append(leave)
+        if leaving:  # side by side: a cluster that does not answer costs the wait once
+            _bounded_all(leaving, CLUSTER_TIMEOUT_S, "leaving the cluster")
 
     # -- attaching to a cluster --------------------------------------------------------------
     def attach(self, client: Any, *, reconnecting: bool = False) -> None:
@@ -250,22 +267,21 @@ class ClusterCapture:
             if await client.run_on_scheduler(join_cluster, client_id=client.id):
                 return
 
-    def _leave(self, client: Any) -> None:
+    def _leave(self, client: Any) -> Callable[[], Any] | None:
+        """Stop listening to ``client``'s cluster; the blocking call that takes the plugins off, if any."""
         try:
             client.unsubscribe_topic(TOPIC)
         except Exception:
             logger.debug("otel_graph: unsubscribe failed", exc_info=True)
         if not self._register:
-            return
+            return None
         if getattr(client, "asynchronous", False):
             try:
                 self._keep(asyncio.ensure_future(self._leave_async(client)))
             except RuntimeError:
                 logger.debug("otel_graph: no loop to leave an asynchronous client's cluster on")
-            return
-
-        _bounded(lambda: client.run_on_scheduler(leave_cluster, client_id=client.id), CLUSTER_TIMEOUT_S,
-                 "leaving the cluster")
+            return None
+        return lambda: client.run_on_scheduler(leave_cluster, client_id=client.id)
 
     async def _leave_async(self, client: Any) -> None:
         await client.run_on_scheduler(leave_cluster, client_id=client.id)
@@ -286,16 +302,15 @@ class ClusterCapture:
 
     def flush(self, timeout_s: float) -> bool:
         """Ask every attached cluster's workers to export what they have; True if all did in time."""
-        ok = True
-        for client in list(self._attached):
-            # An asynchronous client's workers cannot be waited on from here; they export
-            # every second and at teardown regardless.
-            if getattr(client, "status", "") != "running" or getattr(client, "asynchronous", False):
-                continue
-            done, results = _bounded(lambda client=client: client.run(flush_worker, timeout_s=timeout_s),
-                                     timeout_s, "flushing the workers")
-            ok = ok and done and all(results.values())
-        return ok
+        # An asynchronous client's workers cannot be waited on from here; they export
+        # every second and at teardown regardless.
+        asked = [lambda client=client: client.run(flush_worker, timeout_s=timeout_s) for client in self._waitable()]
+        return all(done and all(results.values()) for done, results in
+                   _bounded_all(asked, timeout_s, "flushing the workers"))
+
+    def _waitable(self) -> list[Any]:
+        return [client for client in list(self._attached)
+                if getattr(client, "status", "") == "running" and not getattr(client, "asynchronous", False)]
 
     def worker_stats(self, timeout_s: float) -> tuple[dict[str, int], int]:
         """The delivery counters of the attached clusters' worker processes, summed; and how many answered."""
@@ -303,11 +318,8 @@ class ClusterCapture:
 
         by_pid: dict[tuple[str, int], dict[str, int]] = {}
         aggregated = 0
-        for client in list(self._attached):
-            if getattr(client, "status", "") != "running" or getattr(client, "asynchronous", False):
-                continue
-            done, results = _bounded(lambda client=client: client.run(worker_delivery), timeout_s,
-                                     "reading the workers' delivery counters")
+        asked = [lambda client=client: client.run(worker_delivery) for client in self._waitable()]
+        for done, results in _bounded_all(asked, timeout_s, "reading the workers' delivery counters"):
             for address, answer in (results or {}).items() if done else ():
                 if answer is None:
                     continue

@@ -207,14 +207,23 @@ def main() -> None:
         import signal
         import time
 
+        import distributed
+
+        # Two more clients of the same cluster: the wait is one timeout in all, not one per client.
+        others = [distributed.Client(client.scheduler.address) for _ in range(2)]
         pid = client.run(os.getpid, workers=[workers[0]])[workers[0]]
         os.kill(pid, signal.SIGSTOP)
         try:
             started = time.monotonic()
             print("FLUSHED", handle.flush(timeout_s=args.flush_timeout), flush=True)
             print("FLUSH_SECONDS", time.monotonic() - started, flush=True)
+            started = time.monotonic()
+            handle.stats(workers=True, timeout_s=args.flush_timeout)
+            print("STATS_SECONDS", time.monotonic() - started, flush=True)
         finally:
             os.kill(pid, signal.SIGCONT)
+        for other in others:
+            other.close()
     elif args.flush:
         print("FLUSHED", handle.flush(timeout_s=args.flush_timeout), flush=True)
         print("STATS", json.dumps(handle.stats(workers=True)), flush=True)
