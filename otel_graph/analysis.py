@@ -4,19 +4,30 @@ Input is what :mod:`otel_graph.otlp_read` reads: the ``dask.compute`` spans, the
 spans under them (plain, or aggregate spans standing for many tasks), and metric
 points (GPU readings, for the per-prefix GPU columns).
 
+Grouping (:func:`group`): a span is one (trace id, span id); the same span seen again
+(a file given twice, an exporter's retry the collector wrote twice) is left out and
+counted. Task spans whose ``dask.compute`` span is missing (a compute killed, or still
+running when the file was cut) are kept, as an **incomplete** compute per missing
+parent, whose times are those of its tasks.
+
 Critical path
 -------------
-The chain of dependent tasks that bounds a compute's wall time. Starting from the task
-that finished last, it steps to the dependency that finished last (the one that held
-the task back), and so on, back to a task with no recorded dependency. For each step
-it reports the idle gap between the dependency's end and the task's start: time the
-path spent waiting for a worker rather than computing. ``time on path / wall time``
-near 1 means the graph is as parallel as it can be and only faster tasks on the path
-help; a low figure means the path waited (scheduling, too few workers, transfers).
+The chain of dependent tasks that bounds a compute's wall time. Starting from the sink
+(a task no recorded task depends on) that finished last, it steps to the dependency
+that finished last (the one that held the task back), and so on, back to a task with
+no recorded dependency. Starting from a sink rather than from whatever ended last keeps
+the path a chain of dependencies when workers' clocks disagree. For each step it
+reports the idle gap between the dependency's end and the task's start: time the path
+spent waiting for a worker rather than computing. ``time on path / wall time`` near 1
+means the graph is as parallel as it can be and only faster tasks on the path help; a
+low figure means the path waited (scheduling, too few workers, transfers).
 
-It needs task spans with keys and dependencies: tasks folded into aggregate spans by
-the span budget are invisible to it (use ``OTEL_GRAPH_MAX_TASK_SPANS=unlimited`` for a
-complete path), and a task lists at most 32 dependencies.
+It needs task spans with keys and dependencies. A dependency folded into an aggregate
+span by the span budget has no end time of its own: when its aggregate ended after the
+recorded dependencies, the step may have waited for it, so the step is marked with
+those dependencies (:attr:`Step.unseen`) and its gap is not counted as idle (use
+``OTEL_GRAPH_MAX_TASK_SPANS=unlimited`` for a complete path). A task lists at most 32
+dependencies.
 
 >>> from otel_graph.otlp_read import Span
 >>> def task(key, start, end, deps=()):
@@ -42,14 +53,21 @@ from typing import Any
 from otel_graph.otlp_read import Point, Span
 
 COMPUTE = "dask.compute"
+#: The aggregate that the tasks of a compute's later prefixes share (otel_graph.events.OTHER_PREFIXES).
+OTHER_PREFIXES = "(other prefixes)"
 
 
 @dataclass
 class Compute:
-    """One ``dask.compute`` span and the task spans under it."""
+    """One ``dask.compute`` span and the task spans under it.
+
+    ``incomplete``: the ``dask.compute`` span is missing, and ``root`` stands in for it
+    (named after the missing span's id, from its first task's start to its last task's end).
+    """
 
     root: Span
     tasks: list[Span] = field(default_factory=list)
+    incomplete: bool = False
 
     @property
     def wall_ns(self) -> int:
@@ -69,25 +87,60 @@ def _is_aggregate(span: Span) -> bool:
 
 
 def _duration_sum_ns(span: Span) -> int:
+    # The reader keeps dask.task.duration.sum within int64 nanoseconds (it skips spans past it).
     if _is_aggregate(span):
         return int(float(span.attributes.get("dask.task.duration.sum", 0.0)) * 1e9)
     return span.duration_ns
 
 
-def group_computes(spans: Iterable[Span]) -> list[Compute]:
-    """Computes in start order, each with its task spans (phases and user spans left out)."""
-    roots: dict[str, Compute] = {}
-    children: dict[str, list[Span]] = defaultdict(list)
+@dataclass
+class Grouped:
+    computes: list[Compute]
+    duplicates: int  # spans seen again (same trace and span id), left out
+
+
+def distinct_spans(spans: Iterable[Span]) -> tuple[list[Span], int]:
+    """Each (trace id, span id) once, and how many repeats were left out."""
+    seen: set[tuple[str, str]] = set()
+    kept = []
+    repeats = 0
     for span in spans:
+        ident = (span.trace_id, span.span_id)
+        if ident in seen:
+            repeats += 1
+        else:
+            seen.add(ident)
+            kept.append(span)
+    return kept, repeats
+
+
+def group(spans: Iterable[Span]) -> Grouped:
+    """Computes in start order, each with its task spans (phases and user spans left out)."""
+    unique, duplicates = distinct_spans(spans)
+    roots: dict[tuple[str, str], Compute] = {}
+    children: dict[tuple[str, str], list[Span]] = defaultdict(list)
+    for span in unique:
         if span.name == COMPUTE:
-            roots[span.span_id] = Compute(span)
-        elif "dask.task.prefix" in span.attributes and span.parent_id:
-            children[span.parent_id].append(span)
+            roots[(span.trace_id, span.span_id)] = Compute(span)
+        elif "dask.task.prefix" in span.attributes:
+            children[(span.trace_id, span.parent_id)].append(span)
     for parent, tasks in children.items():
         compute = roots.get(parent)
-        if compute is not None:
-            compute.tasks.extend(tasks)
-    return sorted(roots.values(), key=lambda c: c.root.start_ns)
+        if compute is None:  # never dropped: the report must say these tasks ran
+            compute = roots[parent] = _incomplete(parent, tasks)
+        compute.tasks.extend(tasks)
+    return Grouped(sorted(roots.values(), key=lambda c: c.root.start_ns), duplicates)
+
+
+def group_computes(spans: Iterable[Span]) -> list[Compute]:
+    return group(spans).computes
+
+
+def _incomplete(parent: tuple[str, str], tasks: list[Span]) -> Compute:
+    trace_id, span_id = parent
+    root = Span(trace_id, span_id, "", COMPUTE, min(t.start_ns for t in tasks), max(t.end_ns for t in tasks),
+                {}, 0, {})
+    return Compute(root, incomplete=True)
 
 
 # -- bottlenecks ------------------------------------------------------------------------------
@@ -135,7 +188,8 @@ def prefix_table(computes: Iterable[Compute], points: Iterable[Point] = ()) -> l
             prefix=prefix, duration_s=seconds, share=nanos / total, tasks=count[prefix],
             mean_s=seconds / count[prefix] if count[prefix] else 0.0,
             mean_bytes=nbytes[prefix] / sized[prefix] if sized[prefix] else 0.0,
-            throughput_mb_s=nbytes[prefix] / 1e3 / sized_ns[prefix] if sized_ns[prefix] > 0 else 0.0,
+            # bytes per ns is 1e9 B/s, i.e. 1e3 MB/s
+            throughput_mb_s=nbytes[prefix] * 1e3 / sized_ns[prefix] if sized_ns[prefix] > 0 else 0.0,
             gpu_utilization=gpu.mean("hw.gpu.utilization", intervals[prefix]),
             gpu_memory_bytes=gpu.mean("hw.gpu.memory.usage", intervals[prefix]),
             errors=errors[prefix],
@@ -219,8 +273,11 @@ def worker_balance(computes: Iterable[Compute], *, slices: int = 10) -> tuple[li
 @dataclass
 class Step:
     span: Span
-    gap_ns: int  # idle time between the dependency it waited for (or the compute's start) and its start
+    gap_ns: int  # time between the dependency it waited for (or the compute's start) and its start
     truncated: bool  # its recorded dependency list was cut short
+    #: Dependencies without a span of their own (folded into aggregate spans) that may have
+    #: held it back, by aggregate prefix: its gap may be their compute time, not idle time.
+    unseen: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -234,10 +291,40 @@ class CriticalPath:
 
     @property
     def gaps_ns(self) -> int:
-        return sum(step.gap_ns for step in self.steps)
+        """Idle time on the path: the gaps before steps that waited on recorded tasks only."""
+        return sum(step.gap_ns for step in self.steps if not step.unseen)
+
+    @property
+    def unseen_ns(self) -> int:
+        """The gaps before steps that may have waited on aggregated tasks: not known to be idle."""
+        return sum(step.gap_ns for step in self.steps if step.unseen)
 
 
 def critical_path(compute: Compute) -> CriticalPath:
+    by_key = _by_key(compute)
+    if not by_key:
+        return CriticalPath(compute, [])
+    aggregate_ends = _aggregate_ends(compute)
+    chain: list[tuple[Span, dict[str, int]]] = []
+    seen: set[str] = set()
+    span: Span | None = _last_sink(by_key)
+    while span is not None and span.span_id not in seen:  # malformed input must not loop
+        seen.add(span.span_id)
+        gating, unseen = _gating(span, by_key, aggregate_ends)
+        chain.append((span, unseen))
+        span = gating
+    chain.reverse()
+    steps = []
+    previous_end = compute.root.start_ns
+    for span, unseen in chain:
+        listed = len(span.attributes.get("dask.task.dependencies") or ())
+        total = int(span.attributes.get("dask.task.dependency_count", listed) or 0)
+        steps.append(Step(span, max(0, span.start_ns - previous_end), truncated=total > listed, unseen=unseen))
+        previous_end = span.end_ns
+    return CriticalPath(compute, steps)
+
+
+def _by_key(compute: Compute) -> dict[str, Span]:
     by_key: dict[str, Span] = {}
     for span in compute.tasks:
         key = span.attributes.get("dask.task.key")
@@ -246,28 +333,63 @@ def critical_path(compute: Compute) -> CriticalPath:
         known = by_key.get(key)
         if known is None or span.end_ns > known.end_ns:  # a retried key: its last run counts
             by_key[key] = span
-    if not by_key:
-        return CriticalPath(compute, [])
-    chain = [max(by_key.values(), key=lambda span: span.end_ns)]
-    seen = {chain[0].span_id}
-    while True:
-        dependencies = [by_key[d] for d in chain[-1].attributes.get("dask.task.dependencies") or () if d in by_key]
-        if not dependencies:
-            break
-        gating = max(dependencies, key=lambda span: span.end_ns)
-        if gating.span_id in seen:  # malformed input must not loop
-            break
-        seen.add(gating.span_id)
-        chain.append(gating)
-    chain.reverse()
-    steps = []
-    previous_end = compute.root.start_ns
-    for span in chain:
-        listed = len(span.attributes.get("dask.task.dependencies") or ())
-        total = int(span.attributes.get("dask.task.dependency_count", listed) or 0)
-        steps.append(Step(span, max(0, span.start_ns - previous_end), truncated=total > listed))
-        previous_end = span.end_ns
-    return CriticalPath(compute, steps)
+    return by_key
+
+
+def _last_sink(by_key: dict[str, Span]) -> Span:
+    """The task ending last among those no recorded task depends on.
+
+    With clock skew between workers a dependency can seem to end after its dependent;
+    starting from it would make a path that leaves out the task that really came last.
+    """
+    depended = {key for span in by_key.values() for key in span.attributes.get("dask.task.dependencies") or ()}
+    sinks = [span for key, span in by_key.items() if key not in depended]
+    return max(sinks or by_key.values(), key=lambda span: span.end_ns)  # no sink: a cycle, malformed
+
+
+def _aggregate_ends(compute: Compute) -> dict[str, int]:
+    """Per prefix folded into aggregate spans, when the last of its tasks ended."""
+    ends: dict[str, int] = {}
+    for span in compute.tasks:
+        if _is_aggregate(span):
+            prefix = str(span.attributes.get("dask.task.prefix", span.name))
+            ends[prefix] = max(ends.get(prefix, span.end_ns), span.end_ns)
+    return ends
+
+
+def _gating(span: Span, by_key: dict[str, Span],
+            aggregate_ends: dict[str, int]) -> tuple[Span | None, dict[str, int]]:
+    """The recorded dependency that ended last, and the aggregated ones that may have ended later."""
+    listed = span.attributes.get("dask.task.dependencies") or ()
+    gating = max((by_key[key] for key in listed if key in by_key), key=lambda dep: dep.end_ns, default=None)
+    unseen: dict[str, int] = {}
+    if not aggregate_ends:  # nothing folded: a dependency without a span was computed before this compute
+        return gating, unseen
+    for key in listed:
+        if key in by_key:
+            continue
+        prefix = key_prefix(key)
+        if prefix not in aggregate_ends:
+            prefix = OTHER_PREFIXES
+        end = aggregate_ends.get(prefix)
+        # Not in an aggregate (an earlier compute's result), or all its aggregate's tasks
+        # ended before the recorded dependency did: it cannot have held the task back.
+        if end is None or (gating is not None and end <= gating.end_ns):
+            continue
+        unseen[prefix] = unseen.get(prefix, 0) + 1
+    return gating, unseen
+
+
+def key_prefix(key: str) -> str:
+    """The task prefix of a key as the telemetry writes it (a tuple key as its repr): Dask's own
+    split (:func:`otel_graph.events.task_prefix`), which reads the name out of the repr too.
+
+    >>> key_prefix("('rechunk-merge-9a8b7c6d', 0, 3)"), key_prefix("inc-5f3c"), key_prefix("x")
+    ('rechunk-merge', 'inc', 'x')
+    """
+    from otel_graph.events import task_prefix
+
+    return task_prefix(key)
 
 
 def describe_tasks(computes: list[Compute]) -> dict[str, Any]:
@@ -279,4 +401,6 @@ def describe_tasks(computes: list[Compute]) -> dict[str, Any]:
         # Tasks whose spans a lost worker took with it, counted by the scheduler instead.
         "recovered": sum(_count(s) for c in computes for s in c.tasks if s.attributes.get("dask.task.recovered")),
         "failed": sum(1 for c in computes if c.root.failed),
+        "incomplete": sum(1 for c in computes if c.incomplete),
+        "incomplete_tasks": sum(c.task_count for c in computes if c.incomplete),
     }

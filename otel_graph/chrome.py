@@ -8,6 +8,10 @@ thread. Compute spans get a track of their own, and CPU and memory readings beco
 counter tracks (``"ph": "C"``). Events are written as they are made, so the output
 never has to fit in memory twice.
 
+Track numbers stay below 2^53, the integers JSON readers hold exactly: a ``thread.id``
+past 2^50 (or negative) gets a track number of its own above 2^50, with the computes'
+and aggregates' tracks, and integers past 2^53 in an event's args are written as strings.
+
 >>> import io
 >>> from otel_graph.otlp_read import Span
 >>> out = io.StringIO()
@@ -34,11 +38,31 @@ _COUNTERS = {"process.cpu.utilization": "cpu", "process.memory.usage": "memory",
              "hw.gpu.utilization": "gpu", "hw.gpu.memory.usage": "gpu memory"}
 
 
+#: Thread ids below this are tracks as they are; above it, tracks are numbered by _Tracks.
+OWN_TRACKS = 1 << 50  # above thread idents, below JSON's 2**53 exact integers
+EXACT = 1 << 53
+
+
 class _Tracks:
     def __init__(self, out: TextIO) -> None:
         self._pids: dict[str, int] = {}
+        self._tids: dict[tuple[int, int], int] = {}
+        self._own = itertools.count(OWN_TRACKS)
         self._out = out
         self.first = True
+
+    def own(self) -> int:
+        """A track of its own (a compute, an aggregate), numbered above any thread id."""
+        return next(self._own)
+
+    def tid(self, pid: int, thread: int) -> int:
+        """The thread's id, or, for one out of range (10^30), a track number of its own, the same each time."""
+        if 0 <= thread < OWN_TRACKS:
+            return thread
+        tid = self._tids.get((pid, thread))
+        if tid is None:
+            tid = self._tids[(pid, thread)] = self.own()
+        return tid
 
     def write(self, event: dict[str, Any]) -> None:
         text = json.dumps(_finite(event), separators=(",", ":"), allow_nan=False)
@@ -54,8 +78,10 @@ class _Tracks:
 
 
 def _finite(value: Any) -> Any:
-    """JSON.parse rejects NaN and Infinity: write them as strings."""
+    """JSON.parse rejects NaN and Infinity, and rounds integers past 2^53: write them as strings."""
     if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, int) and not -EXACT < value < EXACT:
         return str(value)
     if isinstance(value, dict):
         return {k: _finite(v) for k, v in value.items()}
@@ -79,16 +105,15 @@ def write_chrome_trace(spans: Iterable[Span], points: Iterable[Point], out: Text
     # Perfetto wants the events of one track (pid, tid) nested, never overlapping: computes
     # (which may run at once) and aggregate spans (which stand for whole prefixes) each get
     # a track of their own, numbered above any thread id.
-    own_tracks = itertools.count(1 << 50)  # above thread idents, below JSON's 2**53 exact integers
     for span in spans:
         if span.name == COMPUTE:
-            pid, tid, category = tracks.pid("computes"), next(own_tracks), "compute"
+            pid, tid, category = tracks.pid("computes"), tracks.own(), "compute"
         elif "dask.task.prefix" in span.attributes:
             pid = tracks.pid(_process_of(span.resource))
             if "dask.task.count" in span.attributes:
-                tid, category = next(own_tracks), "aggregate"
+                tid, category = tracks.own(), "aggregate"
             else:
-                tid, category = int(span.attributes.get("thread.id", 0) or 0), "task"
+                tid, category = tracks.tid(pid, int(span.attributes.get("thread.id", 0) or 0)), "task"
         else:
             continue  # phases and user spans: their task's event covers them
         args = {k: v for k, v in span.attributes.items() if k != "dask.task.dependencies"}

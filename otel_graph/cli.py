@@ -15,7 +15,15 @@ Usage
     Run a script with ``instrument_scheduler()`` already called, without editing it.
 
 Bad input (a missing file, a file that is not OTLP JSON) ends with a one-line
-``otel-graph: ...`` message on stderr and exit status 2, never a traceback.
+``otel-graph: ...`` message on stderr and exit status 2, never a traceback. What a
+readable file holds that cannot be used (cut lines, out-of-range values) is left out
+and counted on stderr, a line per file and kind (``otel-graph: PATH: ...``).
+
+Output files (``--html``, ``-o``) are created readable by their owner only (0600), and
+a symlink at their path is replaced, never followed. They are written whatever
+happens to stdout: ``otel-graph report f.jsonl --html r.html | head`` writes the page
+and exits quietly (status 0) when ``head`` stops reading. Text that stdout's encoding
+cannot carry is printed escaped rather than ending the command.
 """
 
 from __future__ import annotations
@@ -24,8 +32,9 @@ import argparse
 import os
 import runpy
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TextIO
 
 from otel_graph.config import ConfigurationError
 from otel_graph.otlp_read import BadTelemetryFile
@@ -58,14 +67,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The user's script behaves as under `python script.py`: its exceptions, exit
         # codes and messages are its own, so nothing of theirs is caught here.
         return _run_script(args.script, args.args)
+    _forgiving(sys.stdout)
     try:
         return _dispatch(args)
     except (BadTelemetryFile, ConfigurationError) as exc:
         print(f"otel-graph: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # an output path that cannot be written, a disk that is full
-        if isinstance(exc, BrokenPipeError):  # `otel-graph report ... | head`
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        if isinstance(exc, BrokenPipeError):  # stdout closed while the command still had work to do
+            _discard_stdout()
             return 1
         print(f"otel-graph: {exc.filename or ''}{': ' if exc.filename else ''}{exc.strerror or exc}",
               file=sys.stderr)
@@ -83,36 +93,58 @@ def _dispatch(args: argparse.Namespace) -> int:
         from otel_graph.report import load, render
 
         loaded = load(args.paths)
-        render(loaded, sys.stdout, top=args.top)
+        # The reader of stdout may stop early (`| head`): the page asked for is written anyway.
+        _say(lambda: render(loaded, sys.stdout, top=args.top))
         if args.html is not None:
             from otel_graph.html_report import write_html
 
             write_html(loaded, args.html)
-            print(f"\nHTML report: {args.html}")
+            _say(lambda: print(f"\nHTML report: {args.html}"))
         return 0
     return _export_chrome(args.chrome, args.output)
 
 
 def _export_chrome(paths: Sequence[Path], output: Path) -> int:
+    from otel_graph.analysis import distinct_spans
     from otel_graph.chrome import write_chrome_trace
-    from otel_graph.otlp_read import Progress, TelemetryFile
+    from otel_graph.report import private_file, read_files
 
-    files = [TelemetryFile.open(path) for path in paths]
-    meter = Progress(sum(f.path.stat().st_size for f in files), label="reading")
-    spans, points = [], []
-    for file in files:
-        file._progress = meter
-        file_spans, file_points = file.read(point_names=("process.", "hw.gpu."))
-        spans.extend(file_spans)
-        points.extend(file_points)
-    meter.close()
+    spans, points = read_files(paths, point_names=("process.", "hw.gpu."))
+    spans, duplicates = distinct_spans(spans)  # a span twice would overlap itself on its track
     try:
-        with output.open("w", encoding="utf-8") as out:
+        with private_file(output) as out:
             written = write_chrome_trace(spans, points, out)
     except OSError as exc:
         raise BadTelemetryFile(f"{output}: cannot write: {exc.strerror}") from None
-    print(f"{written} events written to {output}; open it at https://ui.perfetto.dev or chrome://tracing")
+    repeated = f" ({duplicates} spans read more than once, written once)" if duplicates else ""
+    _say(lambda: print(f"{written} events written to {output}{repeated}; "
+                       "open it at https://ui.perfetto.dev or chrome://tracing"))
     return 0
+
+
+def _forgiving(stream: TextIO) -> None:
+    """Telemetry text the terminal's encoding cannot carry (latin-1 and a CJK key, a lone
+    surrogate) is printed escaped: printing a report must never end it."""
+    reconfigure = getattr(stream, "reconfigure", None)  # absent on a StringIO
+    if reconfigure is not None:
+        reconfigure(errors="backslashreplace")
+
+
+def _say(write: Callable[[], object]) -> None:
+    """Run ``write`` on stdout; a reader that stopped reading (`| head`) ends the output, not the command."""
+    try:
+        write()
+        sys.stdout.flush()  # a pipe's buffer would otherwise fail later, at exit
+    except BrokenPipeError:
+        _discard_stdout()
+
+
+def _discard_stdout() -> None:
+    """Send what is left to /dev/null, so no later write or the exit's flush raises again."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout is not a file (a test's StringIO)
+        pass
 
 
 def _run_script(script: Path, args: Sequence[str]) -> int:

@@ -13,7 +13,8 @@ Bokeh is what dask's own diagnostics plot with; it is an optional dependency
 
 Bokeh's JavaScript is inlined (``resources=INLINE``), so the file opens with no network.
 At most :data:`MAX_BARS` task bars are drawn (the longest), so a huge trace still
-makes a page a browser can open.
+makes a page a browser can open. The page is created readable by its owner only, and
+a symlink at its path is replaced, not followed (:func:`otel_graph.report.private_file`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 
 from otel_graph.analysis import critical_path, prefix_table
 from otel_graph.otlp_read import Point
+from otel_graph.report import private_file
 
 MAX_BARS = 50_000
 
@@ -115,7 +117,8 @@ def write_html(loaded: Any, path: Path) -> None:
         TableColumn(field="errors", title="errors")]))
     html = bokeh.embed.file_html(column(*parts, sizing_mode="stretch_width"), resources=bokeh.resources.INLINE,
                                  title="otel-graph report")
-    path.write_text(html, encoding="utf-8")  # OSError: reported by the command as one line
+    with private_file(path) as out:  # OSError: reported by the command as one line
+        out.write(html)
 
 
 def _lane(span: Any) -> str:

@@ -5,6 +5,21 @@ points (``resourceMetrics``) or logs (skipped). Files are read line by line, and
 span keeps only what the analyses use, so a 10^6-span file fits in memory easily.
 Nothing in a file is executed or unpickled: it is data.
 
+What a file can hold and still be read:
+
+* **unreadable lines** (not JSON, or JSON but not an export request) are skipped and
+  counted: a line cut short by a full disk, which the next write then joins onto,
+  must not cost the rest of the file. A file with no readable line at all (empty, or
+  not OTLP JSON) is refused, naming its first bad line.
+* **out-of-range values** (times outside OTLP's unsigned 64 bits, sizes, counts and
+  durations past int64 nanoseconds) are left out and counted: a span whose times,
+  ``dask.task.count`` or ``dask.task.duration.sum`` are unusable is skipped; a
+  descriptive value (``dask.task.nbytes``, ...) is dropped from its span.
+* a value of the **wrong type** for an attribute the analyses need (a count that is
+  text, a NaN duration) refuses the file, naming the line.
+
+:meth:`TelemetryFile.notes` says what was left out of a file, a line per kind.
+
 >>> import json, tempfile, pathlib
 >>> line = {"resourceSpans": [{"resource": {"attributes": [
 ...     {"key": "service.name", "value": {"stringValue": "etl"}}]},
@@ -26,6 +41,7 @@ import math
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -41,6 +57,11 @@ KEPT_ATTRIBUTES = frozenset({
 KEPT_RESOURCE = frozenset({"service.name", "service.instance.id", "host.name", "process.pid",
                            "dask.worker.id", "dask.worker.name"})
 ERROR = 2
+INT64_MAX = (1 << 63) - 1
+#: OTLP times are fixed64 nanoseconds since the epoch.
+TIME_LIMIT_NS = 1 << 64
+#: The longest duration int64 nanoseconds hold (292 years).
+MAX_SECONDS = INT64_MAX / 1e9
 
 
 class BadTelemetryFile(ValueError):
@@ -99,13 +120,21 @@ def _attributes(items: list[dict[str, Any]], kept: frozenset[str] | None = None)
     return {kv["key"]: any_value(kv["value"]) for kv in items if kv["key"] in kept}
 
 
-def _loader() -> Any:
+def _loader() -> Callable[[bytes], Any]:
     try:  # about four times faster, where installed (the `report` extra)
         import orjson
-
-        return orjson.loads
     except ImportError:
         return json.loads
+
+    def loads(raw: bytes) -> Any:
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            # orjson refuses some JSON the standard library reads (a lone surrogate escape,
+            # which a str key can put there): what is read must not depend on what is installed.
+            return json.loads(raw)
+
+    return loads
 
 
 _loads = _loader()
@@ -117,6 +146,10 @@ class TelemetryFile:
     def __init__(self, path: Path, *, progress: Callable[[int], None] | None = None) -> None:
         self.path = path
         self._progress = progress
+        self.skipped_lines = 0
+        self._first_skipped: tuple[int, str] | None = None
+        #: What was left out as out of range, e.g. ``{"dask.task.nbytes (dropped)": 2}``.
+        self.unusable: Counter[str] = Counter()
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, progress: Callable[[int], None] | None = None) -> TelemetryFile:
@@ -132,26 +165,45 @@ class TelemetryFile:
             handle = self.path.open("rb")
         except OSError as exc:
             raise BadTelemetryFile(f"{self.path}: cannot read: {exc.strerror}") from None
+        readable = 0
         with handle:
-            done = 0
             for number, raw in enumerate(handle, 1):
-                done += len(raw)
                 if self._progress is not None:
                     self._progress(len(raw))
+                if number == 1 and raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark
+                    raw = raw[3:]
                 if not raw.strip():
                     continue
-                try:
-                    request = _loads(raw)
-                except RecursionError:
-                    raise BadTelemetryFile(f"{self.path}:{number}: not JSON (nested too deeply)") from None
-                except ValueError as exc:
-                    reason = getattr(exc, "msg", None) or str(exc).split(":")[0]
-                    raise BadTelemetryFile(f"{self.path}:{number}: not JSON ({reason})") from None
-                if not isinstance(request, dict) or not (
-                        {"resourceSpans", "resourceMetrics", "resourceLogs"} & request.keys()):
-                    raise BadTelemetryFile(f"{self.path}:{number}: not an OTLP JSON export request "
-                                           "(no resourceSpans, resourceMetrics or resourceLogs)")
+                request, problem = _request(raw)
+                if problem:
+                    self._skip(number, problem)
+                    continue
+                readable += 1
                 yield number, request
+        if not readable:
+            if self._first_skipped is None:
+                raise BadTelemetryFile(f"{self.path}: empty: no OTLP JSON lines")
+            number, problem = self._first_skipped
+            more = f" ({self.skipped_lines - 1} more unreadable lines)" if self.skipped_lines > 1 else ""
+            raise BadTelemetryFile(f"{self.path}:{number}: {problem}{more}")
+
+    def _skip(self, number: int, problem: str) -> None:
+        self.skipped_lines += 1
+        if self._first_skipped is None:
+            self._first_skipped = (number, problem)
+
+    def notes(self) -> list[str]:
+        """What was left out of this file, one line per kind (the command prints them on stderr)."""
+        notes = []
+        if self._first_skipped is not None:
+            number, problem = self._first_skipped
+            count = self.skipped_lines
+            notes.append(f"{self.path}: skipped {count} unreadable line{'s' if count > 1 else ''} "
+                         f"(the first, line {number}: {problem})")
+        if self.unusable:
+            listed = ", ".join(f"{count} {what}" for what, count in sorted(self.unusable.items()))
+            notes.append(f"{self.path}: out-of-range values left out: {listed}")
+        return notes
 
     def read(self, *, point_names: tuple[str, ...] = ()) -> tuple[list[Span], list[Point]]:
         """Spans and (those named with one of ``point_names``'s prefixes) metric points, in one pass."""
@@ -164,9 +216,10 @@ class TelemetryFile:
         try:
             for number, request in self._requests():
                 try:
-                    spans.extend(_spans_of(request))
+                    spans.extend(_spans_of(request, self.unusable))
                     if point_names:
-                        points.extend(p for p in _points_of(request) if p.name.startswith(point_names))
+                        points.extend(p for p in _points_of(request, self.unusable)
+                                      if p.name.startswith(point_names))
                 except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
                     raise BadTelemetryFile(f"{self.path}:{number}: malformed data ({_reason(exc)})") from None
         finally:
@@ -177,10 +230,28 @@ class TelemetryFile:
     def spans(self) -> Iterator[Span]:
         for number, request in self._requests():
             try:
-                spans = list(_spans_of(request))
+                spans = list(_spans_of(request, self.unusable))
             except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
                 raise BadTelemetryFile(f"{self.path}:{number}: malformed span data ({_reason(exc)})") from None
             yield from spans
+
+
+def _request(raw: bytes) -> tuple[dict[str, Any], str]:
+    """One line as an export request, or why it is not one."""
+    try:
+        request = _loads(raw)
+    except RecursionError:
+        return {}, "not JSON (nested too deeply)"
+    except ValueError as exc:  # UnicodeDecodeError included: bytes that are not UTF-8
+        reason = getattr(exc, "msg", None) or str(exc).split(":")[0]
+        return {}, f"not JSON ({reason})"
+    if not isinstance(request, dict) or not ({"resourceSpans", "resourceMetrics", "resourceLogs"} & request.keys()):
+        return {}, "not an OTLP JSON export request (no resourceSpans, resourceMetrics or resourceLogs)"
+    return request, ""
+
+
+class _OutOfRange(Exception):
+    """A value of the right type but past what any real run records: left out and counted."""
 
 
 def _reason(exc: BaseException) -> str:
@@ -190,15 +261,27 @@ def _reason(exc: BaseException) -> str:
 
 
 def _count(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"dask.task.count must be a count, not {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or isinstance(value, float) and math.isnan(value):
+        raise ValueError(f"dask.task.count must be a count, not {value!r}"[:120])
+    if not 0 <= value <= INT64_MAX:
+        raise _OutOfRange
     return int(value)
 
 
 def _seconds(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"a duration must be a number of seconds, not {value!r}")
+        raise ValueError(f"a duration must be a number of seconds, not {value!r}"[:120])
+    if not 0 <= value <= MAX_SECONDS:  # 1e300 s would overflow int nanoseconds
+        raise _OutOfRange
     return float(value)
+
+
+def _size(value: Any) -> int | None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        return None
+    if not 0 <= value <= INT64_MAX:  # 10^400 bytes would overflow every float computed from it
+        raise _OutOfRange
+    return value
 
 
 def _text_list(value: Any) -> list[str]:
@@ -212,14 +295,16 @@ def _int_or_drop(value: Any) -> int | None:
 
 
 # What each attribute the analyses read must be: a bad essential value rejects the file
-# (raise), a bad descriptive one is dropped (None), a key of any shape becomes text.
+# (raise ValueError), a bad descriptive one is dropped (None), a key of any shape becomes
+# text. An out-of-range value (_OutOfRange) skips its span if it is essential (_ESSENTIAL),
+# else is dropped; either way it is counted.
 _CHECKS: dict[str, Any] = {
     "dask.task.count": _count,
     "dask.task.duration.sum": _seconds,
     "dask.task.duration.max": _seconds,
     "dask.task.dependencies": _text_list,
     "dask.task.dependency_count": _count,
-    "dask.task.nbytes": _int_or_drop,
+    "dask.task.nbytes": _size,
     "thread.id": _int_or_drop,
     "dask.graph.tasks": _int_or_drop,
     "dask.task.key": lambda v: v if isinstance(v, str) else json.dumps(v),
@@ -230,15 +315,35 @@ _CHECKS: dict[str, Any] = {
 }
 
 
-def _checked(attributes: dict[str, Any]) -> dict[str, Any]:
+_ESSENTIAL = frozenset({"dask.task.count", "dask.task.duration.sum"})
+
+
+class _SkipSpan(Exception):
+    """The span cannot be used at all; the argument says why, for the count."""
+
+
+def _checked(attributes: dict[str, Any], unusable: Counter[str]) -> dict[str, Any]:
     for name, check in _CHECKS.items():
         if name in attributes:
-            value = check(attributes[name])
+            try:
+                value = check(attributes[name])
+            except _OutOfRange:
+                if name in _ESSENTIAL:
+                    raise _SkipSpan(f"{name} (span skipped)") from None
+                unusable[f"{name} (dropped)"] += 1
+                value = None
             if value is None:
                 del attributes[name]
             else:
                 attributes[name] = value
     return attributes
+
+
+def _time_ns(value: Any) -> int:
+    time_ns = int(value)
+    if not 0 <= time_ns < TIME_LIMIT_NS:
+        raise _SkipSpan("times past OTLP's 64 bits (span skipped)")
+    return time_ns
 
 
 def _id(value: Any, name: str) -> str:
@@ -247,23 +352,27 @@ def _id(value: Any, name: str) -> str:
     return value
 
 
-def _spans_of(request: dict[str, Any]) -> Iterator[Span]:
+def _spans_of(request: dict[str, Any], unusable: Counter[str]) -> Iterator[Span]:
     for resource_spans in request.get("resourceSpans", ()):
         resource = {k: str(v) for k, v in _attributes(resource_spans.get("resource", {}).get("attributes", ()),
                                                        KEPT_RESOURCE).items()}
         for scope_spans in resource_spans.get("scopeSpans", ()):
             for span in scope_spans.get("spans", ()):
-                start, end = int(span["startTimeUnixNano"]), int(span["endTimeUnixNano"])
+                try:
+                    start, end = _time_ns(span["startTimeUnixNano"]), _time_ns(span["endTimeUnixNano"])
+                    attributes = _checked(_attributes(span.get("attributes", ()), KEPT_ATTRIBUTES), unusable)
+                except _SkipSpan as skipped:
+                    unusable[str(skipped)] += 1
+                    continue
                 yield Span(
                     _id(span["traceId"], "traceId"), _id(span["spanId"], "spanId"),
                     _id(span.get("parentSpanId", ""), "parentSpanId"), str(span.get("name", "")),
                     start, max(start, end),  # a clock that stepped back must not make negative time
-                    _checked(_attributes(span.get("attributes", ()), KEPT_ATTRIBUTES)),
-                    int(span.get("status", {}).get("code", 0)), resource,
+                    attributes, int(span.get("status", {}).get("code", 0)), resource,
                 )
 
 
-def _points_of(request: dict[str, Any]) -> Iterator[Point]:
+def _points_of(request: dict[str, Any], unusable: Counter[str]) -> Iterator[Point]:
     for resource_metrics in request.get("resourceMetrics", ()):
         resource = {k: str(v) for k, v in _attributes(resource_metrics.get("resource", {}).get("attributes", ()),
                                                        KEPT_RESOURCE).items()}
@@ -272,10 +381,21 @@ def _points_of(request: dict[str, Any]) -> Iterator[Point]:
                 for kind in ("gauge", "sum"):
                     for point in metric.get(kind, {}).get("dataPoints", ()):
                         value = point.get("asDouble", point.get("asInt"))
-                        if value is None or not math.isfinite(float(value)):
+                        if value is None:
                             continue
-                        yield Point(metric["name"], int(point.get("timeUnixNano", 0)), float(value),
-                                    _attributes(point.get("attributes", ())), resource)
+                        try:
+                            number = float(value)
+                        except OverflowError:  # an asInt past a float's range
+                            unusable["metric points (skipped)"] += 1
+                            continue
+                        if not math.isfinite(number):  # a NaN reading: nothing to plot
+                            continue
+                        time_ns = int(point.get("timeUnixNano", 0))
+                        if not 0 <= time_ns < TIME_LIMIT_NS:
+                            unusable["metric points (skipped)"] += 1
+                            continue
+                        yield Point(metric["name"], time_ns, number, _attributes(point.get("attributes", ())),
+                                    resource)
 
 
 class Progress:

@@ -2,13 +2,23 @@
 
 Sections, each from :mod:`otel_graph.analysis`: the per-prefix bottleneck table (DASF's
 columns), the slowest tasks, per-worker balance over time, and each compute's critical
-path. :func:`load` streams the files once, showing progress on large inputs.
+path. :func:`load` streams the files once, showing progress on large inputs, and says
+on stderr what it left out of them (unreadable lines, out-of-range values).
+
+Text from the telemetry (keys, prefixes, worker ids) is untrusted: in the text report
+its control and other non-printable characters are escaped (an ANSI or OSC sequence in
+a key must not reach the terminal) and cells longer than :data:`MAX_CELL_CHARS` are cut
+in the middle, with an ellipsis. :func:`private_file` creates the files the command
+writes (``report.html``, the Chrome export) readable by their owner only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Sequence
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -16,24 +26,28 @@ from typing import TextIO
 from otel_graph.analysis import (
     Compute,
     CriticalPath,
+    Step,
     critical_path,
     describe_tasks,
-    group_computes,
+    group,
     prefix_table,
     slowest_tasks,
     worker_balance,
 )
-from otel_graph.otlp_read import Point, Progress, TelemetryFile
+from otel_graph.otlp_read import Point, Progress, Span, TelemetryFile
 
 #: Computes whose critical path is printed (the longest first).
 PATHS_SHOWN = 3
 PATH_STEPS_SHOWN = 12
+#: Longest table cell: a 1 MB key must not pad every row of its table to its width.
+MAX_CELL_CHARS = 60
 
 
 @dataclass
 class Loaded:
     computes: list[Compute]
     points: list[Point]
+    duplicates: int = 0  # spans read twice (same trace and span id), counted once
 
 
 def write_html(loaded: Loaded, path: Path) -> None:
@@ -42,21 +56,59 @@ def write_html(loaded: Loaded, path: Path) -> None:
     write(loaded, path)
 
 
-def load(paths: Sequence[str | os.PathLike[str]], *, progress: bool | None = None) -> Loaded:
+def read_files(paths: Sequence[str | os.PathLike[str]], *, point_names: tuple[str, ...],
+               progress: bool | None = None) -> tuple[list[Span], list[Point]]:
+    """Spans and points of every file; what was left out of each is said on stderr, once per file."""
     files = [TelemetryFile.open(path) for path in paths]  # every path checked before any is read
-    total = sum(f.path.stat().st_size for f in files)
-    meter = Progress(total, label="reading", enabled=progress)
+    meter = Progress(sum(f.path.stat().st_size for f in files), label="reading", enabled=progress)
     spans, points = [], []
     for file in files:
         file._progress = meter
-        file_spans, file_points = file.read(point_names=("hw.gpu.", "process.", "system.", "dask."))
+        file_spans, file_points = file.read(point_names=point_names)
         spans.extend(file_spans)
         points.extend(file_points)
     meter.close()
-    return Loaded(group_computes(spans), points)
+    for file in files:
+        for note in file.notes():
+            print(f"otel-graph: {note}", file=sys.stderr)
+    return spans, points
+
+
+def load(paths: Sequence[str | os.PathLike[str]], *, progress: bool | None = None) -> Loaded:
+    spans, points = read_files(paths, point_names=("hw.gpu.", "process.", "system.", "dask."), progress=progress)
+    grouped = group(spans)
+    return Loaded(grouped.computes, points, grouped.duplicates)
+
+
+@contextlib.contextmanager
+def private_file(path: Path) -> Iterator[TextIO]:
+    """``path`` opened for writing text, as a new file only its owner can read (0600).
+
+    The text goes to a new file beside it (``mkstemp``: 0600 whatever the umask, never
+    an existing file), renamed over ``path`` once complete: a symlink planted at
+    ``path`` is replaced, not followed, and no reader sees half a file.
+    """
+    try:
+        fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".otel-graph-", suffix=".tmp")
+    except OSError as exc:  # name the file asked for, not the temporary one
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
+    try:
+        # backslashreplace: a lone surrogate in a key (JSON allows it) must not stop the write.
+        with open(fd, "w", encoding="utf-8", errors="backslashreplace") as out:
+            yield out
+        os.replace(temporary, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        if isinstance(exc, OSError) and exc.filename == temporary:  # `path` is a directory, ...
+            raise OSError(exc.errno, exc.strerror, str(path)) from None
+        raise
 
 
 def _seconds(value: float) -> str:
+    """A duration; negative ones (an offset before the compute's start, from clock skew) signed."""
+    if value < 0:
+        return "-" + _seconds(-value)
     if value >= 100:
         return f"{value:.0f} s"
     if value >= 1:
@@ -64,6 +116,17 @@ def _seconds(value: float) -> str:
     if value >= 1e-3:
         return f"{value * 1e3:.1f} ms"
     return f"{value * 1e6:.0f} µs"
+
+
+def _cell(value: object) -> str:
+    """Untrusted text made safe to print: non-printable characters escaped, long text cut in the middle."""
+    text = str(value)
+    if not text.isprintable():  # ESC, BEL, C1 controls, bidi overrides, lone surrogates, ...
+        text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+    if len(text) > MAX_CELL_CHARS:
+        half = (MAX_CELL_CHARS - 1) // 2
+        text = f"{text[:half]}…{text[len(text) - (MAX_CELL_CHARS - 1 - half):]}"
+    return text
 
 
 def _bytes(value: float) -> str:
@@ -75,6 +138,7 @@ def _bytes(value: float) -> str:
 
 
 def _table(out: TextIO, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    rows = [[_cell(cell) for cell in row] for row in rows]
     widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
     line = "  ".join("{:<%d}" % w if i == 0 else "{:>%d}" % w for i, w in enumerate(widths))
     out.write(line.format(*header) + "\n")
@@ -87,6 +151,13 @@ def render(loaded: Loaded, out: TextIO, *, top: int = 10) -> None:
     totals = describe_tasks(computes)
     out.write(f"{totals['computes']} computes, {totals['tasks']} tasks "
               f"({totals['task_spans']} with their own span), {totals['failed']} failed computes\n")
+    if totals["incomplete"]:
+        out.write(f"{totals['incomplete']} of the computes incomplete: {totals['incomplete_tasks']} tasks whose "
+                  "dask.compute span is missing (killed, or still running when the file was cut), grouped by "
+                  "the span they name as parent\n")
+    if loaded.duplicates:
+        out.write(f"{loaded.duplicates} spans read more than once (the same trace and span id: a file given "
+                  "twice, or an export written twice), counted once\n")
     if totals["recovered"]:
         out.write(f"{totals['recovered']} tasks ran on workers lost before their spans left them: counted by the "
                   "scheduler (dask.task.recovered), without keys or per-task times\n")
@@ -125,14 +196,17 @@ def render(loaded: Loaded, out: TextIO, *, top: int = 10) -> None:
 def _render_path(path: CriticalPath, out: TextIO) -> None:
     compute = path.compute
     wall = compute.wall_ns / 1e9
-    out.write(f"\nCritical path of the compute at {compute.root.span_id} "
-              f"({compute.task_count} tasks, wall {_seconds(wall)})\n")
+    state = ", incomplete: its dask.compute span is missing" if compute.incomplete else ""
+    out.write(f"\nCritical path of the compute at {_cell(compute.root.span_id)} "
+              f"({compute.task_count} tasks, wall {_seconds(wall)}{state})\n")
     if not path.steps:
         out.write("  no task spans with keys under this compute\n")
         return
     share = path.on_path_ns / compute.wall_ns if compute.wall_ns else 0.0
+    unseen = (f", and {_seconds(path.unseen_ns / 1e9)} waiting on aggregated tasks (not known to be idle)"
+              if path.unseen_ns else "")
     out.write(f"  {len(path.steps)} tasks; on the path {_seconds(path.on_path_ns / 1e9)} "
-              f"({100 * share:.0f}% of wall), idle gaps {_seconds(path.gaps_ns / 1e9)}\n")
+              f"({100 * share:.0f}% of wall), idle gaps {_seconds(path.gaps_ns / 1e9)}{unseen}\n")
     steps = path.steps
     shown = steps if len(steps) <= PATH_STEPS_SHOWN else steps[: PATH_STEPS_SHOWN // 2] + [None] + steps[-(PATH_STEPS_SHOWN // 2):]
     rows = []
@@ -144,7 +218,18 @@ def _render_path(path: CriticalPath, out: TextIO) -> None:
         rows.append([str(span.attributes.get("dask.task.key", "")), str(span.attributes.get("dask.task.prefix", "")),
                      str(span.attributes.get("dask.worker.id", "")),
                      _seconds((span.start_ns - compute.root.start_ns) / 1e9), _seconds(span.duration_ns / 1e9),
-                     _seconds(step.gap_ns / 1e9) + (" *" if step.truncated else "")])
+                     _waited(step)])
     _table(out, ["key", "prefix", "worker", "starts at", "duration", "waited"], rows)
     if any(step.truncated for step in steps):
         out.write("  * more dependencies than were recorded: the path may miss the one it waited for\n")
+    if any(step.unseen for step in steps):
+        out.write("  via N aggregated P: N dependencies have no span of their own (folded into an aggregate "
+                  "span of prefix P that ended later), so this wait may be their compute time rather than idle; "
+                  "OTEL_GRAPH_MAX_TASK_SPANS=unlimited records the full path\n")
+
+
+def _waited(step: Step) -> str:
+    text = _seconds(step.gap_ns / 1e9)
+    if step.unseen:
+        text += " via " + ", ".join(f"{count} aggregated {prefix}" for prefix, count in sorted(step.unseen.items()))
+    return text + (" *" if step.truncated else "")
