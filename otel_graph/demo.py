@@ -17,21 +17,22 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from urllib.parse import urlparse
 
-from otel_graph.endpoint import listening
-
-
-def _endpoint() -> str:
-    return os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get(
-        "OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4317")
+from otel_graph.config import otlp_protocol
+from otel_graph.endpoint import collector_address, listening
 
 
 def _collector_answers(timeout_s: float = 0.5) -> str | None:
-    endpoint = _endpoint()
-    parsed = urlparse(endpoint if "://" in endpoint else f"http://{endpoint}")
-    host, port = parsed.hostname or "localhost", parsed.port or 4317
-    return endpoint if listening((host, port), timeout_s=timeout_s) else None
+    """The collector's ``host:port``, if one listens where the span exporter would send.
+
+    Asked the way exit asks it (:func:`otel_graph.endpoint.collector_address`: the
+    protocol's default port, 443 for a bare ``https://``); an endpoint that is no TCP
+    address, or cannot be read, is no collector here (configuration reports it, if bad).
+    """
+    address = collector_address(otlp_protocol("traces"))
+    if address is None or not listening(address, timeout_s=timeout_s):
+        return None
+    return f"{address[0]}:{address[1]}"
 
 
 def _workload() -> None:
@@ -104,7 +105,7 @@ def run(*, out_dir: Path, html: bool = True) -> int:
     from otel_graph.report import load, render, write_html
 
     files = [out_dir / "traces.jsonl", out_dir / "metrics.jsonl"]
-    print(f"\nno collector answers at {_endpoint()}: telemetry was written to {out_dir}/ as OTLP JSON lines")
+    print(f"\nno collector answers where OTEL_* points: telemetry was written to {out_dir}/ as OTLP JSON lines")
     loaded = load(files)
     print()
     render(loaded, sys.stdout)

@@ -260,3 +260,14 @@ def test_an_offset_before_the_compute_started_is_a_signed_duration(tmp_path):
     run = cli("report", str(path))
     (row,) = _report_rows(run.stdout, "Critical path of the compute at 0000000000000000 (1 tasks, wall 1.00 s)")[1:]
     assert row[3:5] == ["-200.0", "ms"], row
+
+
+@pytest.mark.parametrize("endpoint", ["http://localhost:99999", "http://[::1"])
+def test_the_demo_with_an_endpoint_that_cannot_be_read_says_so_in_one_line(tmp_path, endpoint):
+    # The demo asked for the collector's port itself, and urllib raised on these (a traceback).
+    run = cli("demo", "--out", str(tmp_path / "out"), env=subprocess_env(OTEL_EXPORTER_OTLP_ENDPOINT=endpoint),
+              cwd=tmp_path)
+    assert run.returncode == 2, run.stderr[-3000:]
+    assert run.stderr.strip().splitlines() == [
+        f"otel-graph: OTEL_EXPORTER_OTLP_ENDPOINT={endpoint!r} is not valid; accepted values: a URL such as "
+        "http://localhost:4317"]
