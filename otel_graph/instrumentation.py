@@ -261,13 +261,15 @@ class Instrumentation:
             self._capture.uninstall()
             if _Process.live is self:
                 _Process.live = None
+            # Under the lock: a handle made on the same meter provider once it is released
+            # turns the readings on again, and a stop after that would silence its readings.
+            self._instruments.readings.stop()
         if self._cluster is not None:
             # Outside the lock: taking plugins off a cluster waits on it (teardowns flush).
             self._cluster.uninstall()
             from otel_graph.cluster.worker import close_in_process
 
             close_in_process()
-        self._instruments.readings.stop()
         # Building spans is our own CPU work and always progresses: bounded generously.
         self._tracker.stop(_UNINSTRUMENT_DRAIN_S)
         owned = self._owned

@@ -389,3 +389,40 @@ def test_a_thread_pool_passed_as_pool_is_labelled_threads(telemetry):
     (root,) = telemetry.roots()
     assert root.attributes["dask.scheduler"] == "threads"
     assert len(telemetry.children(root)) == 2
+
+
+def test_a_handle_made_while_another_uninstruments_keeps_its_readings(monkeypatch):
+    """uninstrument() silenced the process readings after its cluster teardown, outside its
+    lock: a handle made on the same meter provider meanwhile lost its CPU and memory readings."""
+    import threading
+
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+
+    import otel_graph
+    from otel_graph.cluster import worker
+
+    reader = InMemoryMetricReader()
+    providers = {"tracer_provider": TracerProvider(), "meter_provider": MeterProvider(metric_readers=[reader])}
+    first = otel_graph.instrument_scheduler(resources=True, gpu=False, **providers)
+    tearing_down, go_on = threading.Event(), threading.Event()
+
+    def slow_teardown() -> None:  # the cluster teardown of the first handle, still under way
+        tearing_down.set()
+        go_on.wait(30)
+
+    monkeypatch.setattr(worker, "close_in_process", slow_teardown)
+    leaving = threading.Thread(target=first.uninstrument)
+    leaving.start()
+    assert tearing_down.wait(30)
+    second = otel_graph.instrument_scheduler(resources=True, gpu=False, **providers)
+    go_on.set()
+    leaving.join(30)
+    try:
+        data = reader.get_metrics_data()
+        names = {m.name for r in data.resource_metrics for s in r.scope_metrics for m in s.metrics
+                 if any(True for _ in m.data.data_points)}
+        assert "process.cpu.utilization" in names, sorted(names)
+    finally:
+        second.uninstrument()
