@@ -351,3 +351,28 @@ def test_a_persisted_collection_is_traced_and_keeps_no_trace_annotation(telemetr
     # The graph it sent still carried the annotation: its tasks are traced, under the persist.
     assert wait_until(lambda: sum(s.parent.span_id == roots[0].context.span_id and "dask.task.key" in s.attributes
                                   for s in telemetry.spans() if s.parent is not None) >= 4)
+
+
+def fails(x: int) -> int:
+    raise ValueError(f"no {x}")
+
+
+def test_the_failed_keys_a_worker_remembers_for_retries_stay_bounded(telemetry, client, monkeypatch):
+    """Each compute's failed keys are kept (to number a retry's attempt), at most 10,000 a
+    compute, for up to 4,096 computes: bounded in theory only. Past a total, the oldest
+    computes' are let go."""
+    from distributed import wait
+
+    from otel_graph.cluster import worker
+
+    monkeypatch.setattr(worker, "_MAX_FAILED_HELD", 6, raising=False)
+    for round_ in range(4):
+        futures = client.map(fails, range(5), key=[f"fails-{round_}-{i}" for i in range(5)])
+        wait(futures)
+    telemetry.handle.flush(timeout_s=30)
+    held = [sum(len(state.failed) for state in telemetry_of._traces.values())
+            for telemetry_of in worker._ProcessTelemetry.by_worker.values()]
+    assert held and all(0 < n <= 6 for n in held), held
+    # Every failed run still has its span, with its error.
+    errors = [s for s in telemetry.spans() if s.attributes.get("dask.task.prefix") == "fails"]
+    assert len(errors) == 20 and all(s.status.status_code.name == "ERROR" for s in errors)

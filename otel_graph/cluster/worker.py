@@ -66,6 +66,10 @@ _MAX_TRACES = 4096
 #: A compute with no task on this worker for this long is settled (flush and exit settle at once).
 SETTLE_AFTER_S = 30.0
 _MAX_FAILED_TRACKED = 10_000  # per compute; a retry of a failure past it reads as a first run
+#: Failed keys remembered over all computes (~100 B each): past it the oldest computes'
+#: are let go, so a retry of theirs reads as a first run. Without it only _MAX_TRACES x
+#: _MAX_FAILED_TRACKED bounded them.
+_MAX_FAILED_HELD = 100_000
 _WORKER_DRAIN_S = 1.0
 #: Runs recorded before the drain thread is woken early: bounds what waits between drains
 #: (a worker can finish 20,000 small tasks a second; each record holds ~300 B and a run_spec).
@@ -86,15 +90,16 @@ class _Trace:
         #: hash(key): failed runs here, for the keys of this compute that failed on this worker.
         self.failed: dict[int, int] = {}
 
-    def number_attempts(self, runs: list[adapter.TaskRun]) -> None:
+    def number_attempts(self, runs: list[adapter.TaskRun]) -> bool:
         """Mark a run of a key that failed here before in this compute (a retry) with its attempt.
 
         Only failures are remembered, so memory grows with failed tasks, not with the
         graph (remembering every key cost 80 B a task, 8 MB a worker at a 100,000 cap).
         By hash: the key objects stay Dask's to free; a 64-bit collision would only
-        mark one run as a retry.
+        mark one run as a retry. True if it remembers more failed keys than before.
         """
         failed = self.failed
+        before = len(failed)
         for i, run in enumerate(runs):
             if run.error is None and not failed:
                 continue
@@ -104,6 +109,7 @@ class _Trace:
                 runs[i] = run._replace(attempt=earlier + 1)
             if run.error is not None and (earlier or len(failed) < _MAX_FAILED_TRACKED):
                 failed[slot] = earlier + 1
+        return len(failed) > before
 
     def settle(self) -> None:
         if self.dirty:
@@ -305,7 +311,8 @@ class WorkerTelemetry:
                 state = self._trace(traceparent, group[0].annotation)
                 if state is not None and state.parent.get_span_context().trace_flags.sampled:
                     state.dirty, state.last_seen = True, now
-                    state.number_attempts(group)
+                    if state.number_attempts(group):
+                        self._bound_failed()
                     state.plan.add(group, group_prefixes)
         # A compute quiet here for a while has (probably) ended on this worker: settle it.
         # Not at the first quiet drain: tasks slower than a drain would each become a
@@ -330,6 +337,14 @@ class WorkerTelemetry:
         while len(self._traces) > _MAX_TRACES:
             self._traces.popitem(last=False)[1].settle()
         return state
+
+    def _bound_failed(self) -> None:
+        total = sum(len(state.failed) for state in self._traces.values())
+        for state in self._traces.values():  # the least recently seen first
+            if total <= _MAX_FAILED_HELD:
+                break
+            total -= len(state.failed)
+            state.failed = {}
 
     def _task_span(self, parent: trace.Span, run: adapter.TaskRun, prefix: str) -> None:
         context = self._emitter.emit(parent=parent, name=self._metrics.span_name(prefix), start_ns=run.start_ns,
