@@ -166,7 +166,7 @@ def prefix_table(computes: Iterable[Compute], points: Iterable[Point] = ()) -> l
     sized: dict[str, int] = defaultdict(int)
     sized_ns: dict[str, int] = defaultdict(int)  # time of the tasks whose output size is known
     errors: dict[str, int] = defaultdict(int)
-    intervals: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    intervals: dict[str, list[tuple[Any, int, int]]] = defaultdict(list)  # (host, start, end)
     for compute in computes:
         for span in compute.tasks:
             prefix = str(span.attributes.get("dask.task.prefix", span.name))
@@ -178,7 +178,7 @@ def prefix_table(computes: Iterable[Compute], points: Iterable[Point] = ()) -> l
                 sized[prefix] += _count(span)
                 sized_ns[prefix] += _duration_sum_ns(span)
             errors[prefix] += span.failed
-            intervals[prefix].append((span.start_ns, span.end_ns))
+            intervals[prefix].append((span.resource.get("host.name"), span.start_ns, span.end_ns))
     gpu = _GpuReadings(points)
     total = sum(duration.values()) or 1
     rows = []
@@ -198,26 +198,37 @@ def prefix_table(computes: Iterable[Compute], points: Iterable[Point] = ()) -> l
 
 
 class _GpuReadings:
-    """GPU readings by time, to average those taken while a prefix's tasks ran."""
+    """GPU readings by host and time, to average those taken on the hosts a prefix's tasks
+    ran on, while they ran: on a cluster, another host's idle GPUs (or busy ones) say
+    nothing of these tasks. Which of a host's GPUs a task used is not recorded (NVML sees
+    every GPU of the host, whatever a worker's ``CUDA_VISIBLE_DEVICES``): a host's GPUs are
+    averaged. Readings or spans with no ``host.name`` are matched with each other.
+    """
 
     def __init__(self, points: Iterable[Point]) -> None:
-        self._by_name: dict[str, list[tuple[int, float]]] = defaultdict(list)
+        self._by_key: dict[tuple[str, Any], tuple[list[int], list[float]]] = {}
+        by_key: dict[tuple[str, Any], list[tuple[int, float]]] = defaultdict(list)
         for point in points:
             if point.name.startswith("hw.gpu."):
-                self._by_name[point.name].append((point.time_ns, point.value))
-        for readings in self._by_name.values():
+                by_key[(point.name, point.resource.get("host.name"))].append((point.time_ns, point.value))
+        for key, readings in by_key.items():
             readings.sort()
+            self._by_key[key] = ([t for t, _ in readings], [v for _, v in readings])
 
-    def mean(self, name: str, intervals: list[tuple[int, int]]) -> float | None:
-        readings = self._by_name.get(name)
-        if not readings or not intervals:
-            return None
-        times = [t for t, _ in readings]
+    def mean(self, name: str, intervals: list[tuple[Any, int, int]]) -> float | None:
+        by_host: dict[Any, list[tuple[int, int]]] = defaultdict(list)
+        for host, start, end in intervals:
+            by_host[host].append((start, end))
         total, seen = 0.0, 0
-        for start, end in _merged(intervals):
-            for index in range(bisect.bisect_left(times, start), bisect.bisect_right(times, end)):
-                total += readings[index][1]
-                seen += 1
+        for host, spans in by_host.items():
+            readings = self._by_key.get((name, host))
+            if readings is None:
+                continue
+            times, values = readings
+            for start, end in _merged(spans):
+                low, high = bisect.bisect_left(times, start), bisect.bisect_right(times, end)
+                total += sum(values[low:high])
+                seen += high - low
         return total / seen if seen else None
 
 

@@ -271,3 +271,22 @@ def test_the_demo_with_an_endpoint_that_cannot_be_read_says_so_in_one_line(tmp_p
     assert run.stderr.strip().splitlines() == [
         f"otel-graph: OTEL_EXPORTER_OTLP_ENDPOINT={endpoint!r} is not valid; accepted values: a URL such as "
         "http://localhost:4317"]
+
+
+def test_a_prefix_s_gpu_columns_average_only_the_hosts_its_tasks_ran_on():
+    # Host a's GPU is busy while its prefix runs there; host b's sits idle meanwhile. Averaging
+    # every host's readings said 50%.
+    from otel_graph.analysis import prefix_table
+    from otel_graph.otlp_read import Point, Span
+
+    def span(span_id: str, name: str, start_ms: int, end_ms: int, host: str, parent: str = COMPUTE_ID,
+             **attributes: object) -> Span:
+        return Span("ab" * 16, span_id, parent, name, start_ms * 10**6, end_ms * 10**6, attributes, 0,
+                    {"host.name": host})
+
+    spans = [span(COMPUTE_ID, "dask.compute", 0, 100, "a", parent=""),
+             span("01" * 8, "train", 0, 100, "a", **{"dask.task.prefix": "train", "dask.task.key": "train-1"})]
+    points = [Point("hw.gpu.utilization", t * 10**6, value, {"hw.id": "0"}, {"host.name": host})
+              for t in range(10, 100, 10) for host, value in (("a", 1.0), ("b", 0.0))]
+    (row,) = prefix_table(group_computes(spans), points)
+    assert row.gpu_utilization == 1.0
