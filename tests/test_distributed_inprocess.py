@@ -162,6 +162,28 @@ def test_uninstrument_right_after_a_compute_keeps_its_task_spans(telemetry, clie
     assert len(tasks) == 10
 
 
+def test_uninstrument_waits_for_workers_whose_removed_plugin_is_closing_them(telemetry, client, monkeypatch):
+    """The last client's leaving takes the plugins off; each worker's telemetry is then
+    closed on an executor. uninstrument() returned without waiting for those (under load,
+    6 of 10 task spans were there when it returned): a slow close shows it every time."""
+    from otel_graph.cluster import worker
+
+    close = worker.WorkerTelemetry.close
+
+    def slow_close(self, *args, **kwargs):
+        time.sleep(0.5)  # a loaded machine
+        return close(self, *args, **kwargs)
+
+    monkeypatch.setattr(worker.WorkerTelemetry, "close", slow_close)
+    graph = {f"inc-{i}": (inc, i) for i in range(10)}
+    client.get(graph, list(graph))
+    telemetry.handle.uninstrument()
+    (root,) = [s for s in telemetry.exporter.get_finished_spans() if s.name == "dask.compute"]
+    tasks = [s for s in telemetry.exporter.get_finished_spans() if s.parent is not None
+             and s.parent.span_id == root.context.span_id and "dask.task.prefix" in s.attributes]
+    assert len(tasks) == 10
+
+
 def test_a_drain_while_uninstrumenting_keeps_what_the_workers_recorded(telemetry, client, monkeypatch):
     """A worker's periodic drain can fall after uninstrument() ended the process's
     instrumentation and before it closed the workers' telemetry (it once dropped the

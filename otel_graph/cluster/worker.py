@@ -139,6 +139,7 @@ class WorkerTelemetry:
         self.record_errors = 0
         self.tasks_aggregated = 0
         self._closing = False
+        self._closed = threading.Event()  # close() has turned every record into telemetry
         self.claimed = True  # False between a plugin's removal and its replacement's setup
         interval = min(settings.drain_interval_s, _WORKER_DRAIN_S)
         self._interval = interval
@@ -249,6 +250,7 @@ class WorkerTelemetry:
         with self._wake:
             self._stopping = True
             self._wake.notify_all()
+        self._closed.set()
 
     # -- the thread -----------------------------------------------------------------------
     def _run(self) -> None:
@@ -408,6 +410,8 @@ class _ProcessTelemetry:
     #: Telemetry that reports deliveries, by worker address: kept while it closes too,
     #: since its last spans are delivered then.
     accounts: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+    #: Telemetry of removed plugins, closing on an executor (see close_in_process).
+    closing: weakref.WeakSet = weakref.WeakSet()
 
 
 _SESSION_LOCK = threading.Lock()  # not _ProcessTelemetry.lock: held while telemetry is made
@@ -671,6 +675,7 @@ def _close_if_unclaimed(worker: Any, telemetry: WorkerTelemetry) -> None:
         if telemetry.claimed or _ProcessTelemetry.by_worker.get(worker) is not telemetry:
             return
         del _ProcessTelemetry.by_worker[worker]
+        _ProcessTelemetry.closing.add(telemetry)
     asyncio.get_running_loop().run_in_executor(None, telemetry.close, telemetry._settings.exit_timeout_s)
 
 
@@ -833,6 +838,11 @@ def close_in_process() -> None:
     for worker, telemetry in list(_ProcessTelemetry.by_worker.items()):
         if telemetry._in_process:
             _stop(worker)
+    # And those a removed plugin is closing on an executor (the last client's leaving took
+    # the plugins off): returning before they are done lost their spans, under load.
+    for telemetry in list(_ProcessTelemetry.closing):
+        if telemetry._in_process:
+            telemetry._closed.wait(telemetry._settings.exit_timeout_s)
 
 
 def close_at_exit() -> None:
