@@ -150,12 +150,15 @@ class ClusterCapture:
         self._lock = threading.Lock()
         self._closed = False
         self._pending: set[Any] = set()  # asyncio tasks in flight: an unreferenced task may vanish
+        self._annotates_sent = True
 
     # -- install ---------------------------------------------------------------------------
     def install(self) -> None:
         from distributed import Client
 
-        for name in (*_WRAPPED, "start", _SENDS):
+        # A distributed without it (renamed one day) gets the whole call annotated instead.
+        self._annotates_sent = _SENDS in Client.__dict__
+        for name in (*_WRAPPED, "start", *([_SENDS] if self._annotates_sent else [])):
             original = Client.__dict__[name]
             self._originals[name] = original
             wrap = {"start": self._wrap_start, _SENDS: _annotate_sent}.get(name)
@@ -453,7 +456,11 @@ class ClusterCapture:
             return original(client, *args, **kwargs)
         token, noted = _INSIDE.set(True), _NOTE.set(note)
         try:
-            result = original(client, *args, **kwargs)
+            if self._annotates_sent:
+                result = original(client, *args, **kwargs)
+            else:
+                with dask.annotate(**{ANNOTATION: note}):
+                    result = original(client, *args, **kwargs)
         except BaseException as exc:
             self._tracker.end(record, exc)
             raise
