@@ -152,14 +152,18 @@ def test_nested_compute_inside_a_task_joins_the_outer_trace(telemetry, client):
     assert wait_until(lambda: len(telemetry.children(inner)) == 3)
 
 
-def test_uninstrument_right_after_a_compute_keeps_its_task_spans(telemetry, client):
+def tasks_left_by_uninstrument_right_after_a_compute(telemetry, client) -> int:
+    """Ten tasks, then uninstrument() (no flush: it must deliver them itself); the task spans there."""
     graph = {f"inc-{i}": (inc, i) for i in range(10)}
     client.get(graph, list(graph))
-    telemetry.handle.uninstrument()  # no flush: uninstrument itself must deliver them
+    telemetry.handle.uninstrument()
     (root,) = [s for s in telemetry.exporter.get_finished_spans() if s.name == "dask.compute"]
-    tasks = [s for s in telemetry.exporter.get_finished_spans() if s.parent is not None
-             and s.parent.span_id == root.context.span_id and "dask.task.prefix" in s.attributes]
-    assert len(tasks) == 10
+    return len([s for s in telemetry.exporter.get_finished_spans() if s.parent is not None
+                and s.parent.span_id == root.context.span_id and "dask.task.prefix" in s.attributes])
+
+
+def test_uninstrument_right_after_a_compute_keeps_its_task_spans(telemetry, client):
+    assert tasks_left_by_uninstrument_right_after_a_compute(telemetry, client) == 10
 
 
 def test_uninstrument_waits_for_workers_whose_removed_plugin_is_closing_them(telemetry, client, monkeypatch):
@@ -175,13 +179,7 @@ def test_uninstrument_waits_for_workers_whose_removed_plugin_is_closing_them(tel
         return close(self, *args, **kwargs)
 
     monkeypatch.setattr(worker.WorkerTelemetry, "close", slow_close)
-    graph = {f"inc-{i}": (inc, i) for i in range(10)}
-    client.get(graph, list(graph))
-    telemetry.handle.uninstrument()
-    (root,) = [s for s in telemetry.exporter.get_finished_spans() if s.name == "dask.compute"]
-    tasks = [s for s in telemetry.exporter.get_finished_spans() if s.parent is not None
-             and s.parent.span_id == root.context.span_id and "dask.task.prefix" in s.attributes]
-    assert len(tasks) == 10
+    assert tasks_left_by_uninstrument_right_after_a_compute(telemetry, client) == 10
 
 
 def test_a_drain_while_uninstrumenting_keeps_what_the_workers_recorded(telemetry, client, monkeypatch):
@@ -199,13 +197,7 @@ def test_a_drain_while_uninstrumenting_keeps_what_the_workers_recorded(telemetry
         uninstall(self, *args, **kwargs)
 
     monkeypatch.setattr(ClusterCapture, "uninstall", drain_then_uninstall)
-    graph = {f"inc-{i}": (inc, i) for i in range(10)}
-    client.get(graph, list(graph))
-    telemetry.handle.uninstrument()
-    (root,) = [s for s in telemetry.exporter.get_finished_spans() if s.name == "dask.compute"]
-    tasks = [s for s in telemetry.exporter.get_finished_spans() if s.parent is not None
-             and s.parent.span_id == root.context.span_id and "dask.task.prefix" in s.attributes]
-    assert len(tasks) == 10
+    assert tasks_left_by_uninstrument_right_after_a_compute(telemetry, client) == 10
 
 
 def test_uninstrument_restores_the_client_class_and_the_cluster_exactly(telemetry, client, cluster):
