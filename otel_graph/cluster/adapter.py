@@ -180,8 +180,9 @@ def spill_totals(worker: Any) -> dict[tuple[str, str], float]:
     return totals
 
 
-def watch_futures(client: Any, futures: Iterable[Any], settled: Any) -> None:
-    """Call ``settled(key, status, error)`` once per future: finished, error, cancelled, or released.
+def watch_futures(client: Any, futures: Iterable[Any], settled: Any, *, done: Any) -> None:
+    """Call ``settled(key, status, error)`` once per future: finished, error, cancelled, or
+    released; then ``done()``. All on the client's loop, one after another.
 
     Waits on each future's shared state (``future._state``), never on the future: holding
     the future would keep its key alive on the cluster after the user dropped it. A key
@@ -206,6 +207,7 @@ def watch_futures(client: Any, futures: Iterable[Any], settled: Any) -> None:
                     getattr(error, "reason", None) != "scheduler-restart":
                 status = "released"
             settled(key, status, error if status == "error" and isinstance(error, BaseException) else None)
+        done()
 
     client.loop.add_callback(wait_all)
 

@@ -508,8 +508,6 @@ class ClusterCapture:
         if not futures:
             self._tracker.end(record, None)
             return
-        left = [len(futures)]
-        lock = threading.Lock()
         errors: list[BaseException] = []
 
         def settled(key: Any, status: str, error: BaseException | None) -> None:
@@ -523,12 +521,8 @@ class ClusterCapture:
                     error = RuntimeError(f"future {key} erred")
             except Exception:
                 logger.debug("otel_graph: could not note a future's end", exc_info=True)
-            with lock:
-                if error is not None and not errors:
-                    errors.append(error)
-                left[0] -= 1
-                last = left[0] == 0
-            if last:
-                self._tracker.end(record, errors[0] if errors else None)
+            if error is not None and not errors:
+                errors.append(error)
 
-        adapter.watch_futures(client, futures, settled)
+        adapter.watch_futures(client, futures, settled,
+                              done=lambda: self._tracker.end(record, errors[0] if errors else None))
