@@ -53,8 +53,6 @@ from typing import Any
 from otel_graph.otlp_read import Point, Span
 
 COMPUTE = "dask.compute"
-#: The aggregate that the tasks of a compute's later prefixes share (otel_graph.events.OTHER_PREFIXES).
-OTHER_PREFIXES = "(other prefixes)"
 
 
 @dataclass
@@ -376,10 +374,13 @@ def _gating(span: Span, by_key: dict[str, Span],
     unseen: dict[str, int] = {}
     if not aggregate_ends:  # nothing folded: a dependency without a span was computed before this compute
         return gating, unseen
+    # Here only: the report reads files without importing dask (which this module imports).
+    from otel_graph.events import OTHER_PREFIXES, task_prefix
+
     for key in listed:
         if key in by_key:
             continue
-        prefix = key_prefix(key)
+        prefix = task_prefix(key)  # a tuple key is written as its repr, which the split reads too
         if prefix not in aggregate_ends:
             prefix = OTHER_PREFIXES
         end = aggregate_ends.get(prefix)
@@ -389,18 +390,6 @@ def _gating(span: Span, by_key: dict[str, Span],
             continue
         unseen[prefix] = unseen.get(prefix, 0) + 1
     return gating, unseen
-
-
-def key_prefix(key: str) -> str:
-    """The task prefix of a key as the telemetry writes it (a tuple key as its repr): Dask's own
-    split (:func:`otel_graph.events.task_prefix`), which reads the name out of the repr too.
-
-    >>> key_prefix("('rechunk-merge-9a8b7c6d', 0, 3)"), key_prefix("inc-5f3c"), key_prefix("x")
-    ('rechunk-merge', 'inc', 'x')
-    """
-    from otel_graph.events import task_prefix
-
-    return task_prefix(key)
 
 
 def describe_tasks(computes: list[Compute]) -> dict[str, Any]:

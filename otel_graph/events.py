@@ -143,6 +143,11 @@ def task_prefix(key: Any) -> str:
     'load'
     >>> task_prefix(b"\\xff-raw")
     'Other'
+
+    A key as telemetry writes it (a tuple key as its repr; the report reads those) splits alike:
+
+    >>> task_prefix("('rechunk-merge-9a8b7c6d', 0, 3)"), task_prefix("inc-5f3c"), task_prefix("x")
+    ('rechunk-merge', 'inc', 'x')
     """
     # A collection's tuple keys share their name, which hits a cache (0.05 us); a string key
     # mostly runs once (delayed's 'inc-<uuid>'), and a miss costs twice an uncached split
