@@ -56,8 +56,9 @@ def forked_child_drops(what: str) -> None:
         return
     _WARNED[0] = True
     logger.warning("otel_graph: this process was forked from an instrumented one, whose exporters cannot be "
-                   "shared across a fork: %s here are not traced or exported, and are counted as undelivered. "
-                   "Start it with multiprocessing's 'spawn' or 'forkserver' and instrument there", what)
+                   "shared across a fork: %s here are not traced or exported (spans and metric points made "
+                   "here are counted as undelivered). Start it with multiprocessing's 'spawn' or 'forkserver' "
+                   "and instrument there", what)
 
 
 def _after_fork_in_child() -> None:

@@ -178,8 +178,6 @@ class Tracker:
         self.begin_errors = 0
         #: Task and aggregate spans whose making raised (:meth:`_span_failed`).
         self.span_errors = 0
-        #: Computes run untraced in a process forked from this one's (:mod:`otel_graph.forks`).
-        self.untraced_in_child = 0
         self._forked = False
         self._thread = threading.Thread(target=self._run, name="otel-graph-tracker", daemon=True)
         self._thread.start()
@@ -195,8 +193,7 @@ class Tracker:
 
     # -- called from capture, on the user's threads ------------------------------------
     def begin(self, scheduler: str) -> ComputeRecord | None:
-        if self._forked:
-            self.untraced_in_child += 1
+        if self._forked:  # a process forked from this one's (otel_graph.forks): untraced
             forked_child_drops("computes")
             return None
         start = time.time_ns()
