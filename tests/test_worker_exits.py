@@ -210,6 +210,11 @@ def task_runs_counted(receiver: OtlpReceiver, *, recovered: bool | None = None) 
     return sum(latest.values())
 
 
+def runs_delivered_by(receiver: OtlpReceiver, root: dict, worker: str) -> int:
+    """Task runs under a compute that a worker delivered spans of (aggregates count their tasks)."""
+    return tasks_in([s for s in accounted_spans(receiver, root) if s["resource"].get("dask.worker.id") == worker])
+
+
 def tasks_counted_by(receiver: OtlpReceiver, worker: str) -> int:
     """Tasks in the ``dask.task.duration`` histograms a worker exported (cumulative: the latest count)."""
     latest: dict[tuple, int] = {}
@@ -268,9 +273,13 @@ def test_a_worker_leaving_mid_graph_is_in_the_trace_and_every_task_is_traced(rec
     if how in ("retire", "term"):
         # Delivered by the victim on its way out: the spans of what it finished last, and its
         # task metrics, which with a 60 s export interval only an exit flush can have sent.
+        # They count the same runs. That may be one more than VICTIM_KEYS: a leaving worker
+        # lets its running hold-0 finish, and when the release comes before its close has
+        # reached otel_graph, that run is traced there too (as well as its rerun elsewhere).
         assert receiver.wait_for(lambda r: victim_keys <= keys_from(r, victim), timeout_s=STEP_S)
-        assert receiver.wait_for(lambda r: tasks_counted_by(r, victim) == len(victim_keys), timeout_s=STEP_S), \
-            tasks_counted_by(receiver, victim)
+        assert receiver.wait_for(lambda r: tasks_counted_by(r, victim) == runs_delivered_by(r, root, victim)
+                                 >= len(victim_keys), timeout_s=STEP_S), \
+            (tasks_counted_by(receiver, victim), runs_delivered_by(receiver, root, victim), sorted(victim_keys))
 
 
 def leave_while_refused(receiver: OtlpReceiver, tmp_path: Path, *how: str, env: dict[str, str]
