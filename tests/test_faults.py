@@ -13,7 +13,7 @@ import sys
 
 import pytest
 from otlp_receiver import HAVE_OPENSSL, OtlpReceiver, make_self_signed_cert
-from test_otlp_export import APP, otlp_env, run_app
+from test_otlp_export import APP, EXIT_HANG_S, EXPORTER_TIMEOUT_S, otlp_env, run_app
 
 
 @pytest.mark.parametrize("how", ["kill", "term", "exit"])
@@ -24,7 +24,7 @@ def test_a_process_pool_worker_dying_mid_graph_is_reported_and_nothing_hangs(how
         assert run.returncode == 0, run.stderr
         # As without otel_graph: Dask raises BrokenProcessPool (a RuntimeError) to the caller.
         assert run.value("FAILED").startswith("A process in the process pool was terminated abruptly")
-        assert run.exit_latency_s < 5.0, run.exit_latency_s
+        assert run.exit_latency_s < EXIT_HANG_S, run.exit_latency_s
         assert "Traceback" not in run.stderr
         spans = receiver.spans()
     (root,) = [s for s in spans if s["name"] == "dask.compute"]
@@ -53,10 +53,11 @@ def test_tls_to_the_collector_with_its_certificate(tmp_path, protocol):
 def test_tls_without_the_certificate_is_counted_not_hung(tmp_path):
     cert, key = make_self_signed_cert(tmp_path)
     with OtlpReceiver(tls_cert_file=cert, tls_key_file=key) as receiver:
-        run = run_app("--tasks", "5", env=otlp_env(receiver.grpc_endpoint, "grpc"))
+        run = run_app("--tasks", "5", env=otlp_env(receiver.grpc_endpoint, "grpc",
+                                                  OTEL_EXPORTER_OTLP_TIMEOUT=EXPORTER_TIMEOUT_S))
         assert run.returncode == 0, run.stderr
         assert run.value("RESULT") == "15"
-        assert run.exit_latency_s < 2.0, run.exit_latency_s
+        assert run.exit_latency_s < EXIT_HANG_S, run.exit_latency_s
         assert len([line for line in run.stderr.splitlines() if "not delivered" in line]) == 1, run.stderr
         assert receiver.spans() == []
 
@@ -86,7 +87,7 @@ def test_a_failure_storm_behind_a_dead_collector_is_held_within_the_memory_budge
     storm = 200
     with OtlpReceiver(fail=True) as receiver:
         proc = subprocess.Popen([sys.executable, str(APP), "--tasks", "1", "--storm", str(storm), "--wait-stdin",
-                                 "--flush"],
+                                 "--built-before-wait", "--flush"],
                                 env=otlp_env(receiver.grpc_endpoint, "grpc", OTEL_GRAPH_MAX_QUEUED_SPANS="60",
                                              OTEL_METRICS_EXPORTER="none", OTEL_GRAPH_RESOURCES="false"),
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -7,7 +7,9 @@ print COMPUTED, then wait for a line on stdin before flushing), ``--no-instrumen
 exiting and print FLUSHED with its result and the handle's stats, then FLUSH_SECONDS,
 how long the call took), ``--flush-before-wait`` (the same, but before COMPUTED, so
 that what the parent inspects while the app waits is complete) and
-``--flush-timeout`` (the flush's ``timeout_s``, default 30), ``--busy-ms`` (CPU
+``--flush-timeout`` (the flush's ``timeout_s``, default 30), ``--built-before-wait``
+(before COMPUTED, wait until every task record is a span, queued or dropped: what
+arrives later is then what was held), ``--busy-ms`` (CPU
 time each task burns, default 0), ``--storm N`` (then N computes whose one task fails
 with a 5 kB message and a deep stack) and ``--die kill|term|exit`` (one task ends the process
 running it: a processes-scheduler worker dying mid-graph; RAISED names what Dask raised). It prints RESULT and
@@ -77,6 +79,7 @@ def main() -> None:
     parser.add_argument("--flush", action="store_true")
     parser.add_argument("--flush-before-wait", action="store_true")
     parser.add_argument("--flush-timeout", type=float, default=30.0)
+    parser.add_argument("--built-before-wait", action="store_true")
     parser.add_argument("--busy-ms", type=float, default=0.0)
     parser.add_argument("--storm", type=int, default=0)
     parser.add_argument("--die", choices=["kill", "term", "exit"], help="one task ends its worker process")
@@ -110,6 +113,8 @@ def main() -> None:
     print("LAST_COMPUTE_END", time.monotonic(), flush=True)
     if args.flush_before_wait and handle is not None:
         report_flush(handle, args.flush_timeout)
+    if args.built_before_wait and handle is not None:
+        handle._tracker.flush(None)  # the building only; the collector may be refusing
     if args.wait_stdin:
         print("COMPUTED", flush=True)
         sys.stdin.readline()
