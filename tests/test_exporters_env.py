@@ -243,24 +243,18 @@ def test_gzip_compression_over_http_delivers(receiver):
 # -- flush against a collector that is down ----------------------------------------------------
 
 FLUSH_TIMEOUT_S = 2.0
+#: Past the flush's timeout by this much, it waited on something: the exporters' own timeout
+#: is 30 s here. (Scheduling on a loaded machine may add a little to any wait.)
+FLUSH_SLACK_S = 3.0
 
 
-def flush_against_nothing(protocol: str) -> tuple[str, float]:
-    env = otlp_env(f"http://127.0.0.1:{free_port()}", protocol)
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_flush_against_a_down_collector_says_false_within_its_timeout(protocol):
+    env = otlp_env(f"http://127.0.0.1:{free_port()}", protocol, OTEL_EXPORTER_OTLP_TIMEOUT="30")
     run = run_app("--flush", "--flush-timeout", str(FLUSH_TIMEOUT_S), env=env)
-    return printed(run.stdout, "FLUSHED"), float(printed(run.stdout, "FLUSH_SECONDS"))
-
-
-@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
-def test_flush_reports_failure_when_the_collector_is_down(protocol):
-    flushed, _ = flush_against_nothing(protocol)
+    flushed, took_s = printed(run.stdout, "FLUSHED"), float(printed(run.stdout, "FLUSH_SECONDS"))
     assert flushed.startswith("False "), flushed
-
-
-@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
-def test_flush_returns_within_its_timeout_when_the_collector_is_down(protocol):
-    _, took_s = flush_against_nothing(protocol)
-    assert took_s < FLUSH_TIMEOUT_S + 1.0, took_s
+    assert took_s < FLUSH_TIMEOUT_S + FLUSH_SLACK_S, took_s
 
 
 PROVIDER_THEN_OWN = """

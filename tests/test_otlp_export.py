@@ -18,6 +18,13 @@ from conftest import subprocess_env
 from otlp_receiver import OtlpReceiver
 
 APP = Path(__file__).parent / "apps" / "compute.py"
+#: The exporters' own timeout (seconds, as the Python SDK reads it) in the tests of exits
+#: past a broken collector, so that an exit that waited on one would take 30 s or more.
+EXPORTER_TIMEOUT_S = "30"
+#: An exit slower than this waited on something. One that does not wait gives up after
+#: OTEL_GRAPH_EXIT_TIMEOUT (1 s), plus the interpreter's own teardown, which is slower when
+#: other tests share the cores; the 2 s bar is measured by benchmarks/bench_faults.py.
+EXIT_HANG_S = 10.0
 
 
 @dataclass
@@ -152,10 +159,11 @@ def test_a_broken_collector_never_hurts_the_computation(state, protocol):
         endpoint = broken.grpc_endpoint if protocol == "grpc" else broken.http_endpoint
         if state == "down":
             broken.stop()  # nothing listens there any more
-        run = run_app("--tasks", "200", env=otlp_env(endpoint, protocol, OTEL_METRIC_EXPORT_INTERVAL="200"))
+        run = run_app("--tasks", "200", env=otlp_env(endpoint, protocol, OTEL_METRIC_EXPORT_INTERVAL="200",
+                                                    OTEL_EXPORTER_OTLP_TIMEOUT=EXPORTER_TIMEOUT_S))
         assert run.returncode == 0, run.stderr
         assert run.value("RESULT") == str(sum(range(1, 201)))
-        assert run.exit_latency_s < 2.0, run.exit_latency_s
+        assert run.exit_latency_s < EXIT_HANG_S, run.exit_latency_s
         warnings = [line for line in run.stderr.splitlines() if "not delivered" in line]
         assert len(warnings) == 1, run.stderr
         # Exit retries at once, but paced: a refusing collector once drew 2,000 retry lines.
@@ -178,7 +186,7 @@ def test_exit_mid_drain_counts_every_span_once_and_stops_building(receiver):
     receiver.stop()  # nothing listens there any more
     # No drain while it runs: the tracker takes all 200,000 records in hand as the compute ends.
     env = otlp_env(receiver.grpc_endpoint, "grpc", OTEL_GRAPH_MAX_TASK_SPANS="unlimited", OTEL_GRAPH_RESOURCES="false",
-                   OTEL_GRAPH_DRAIN_INTERVAL="60")
+                   OTEL_GRAPH_DRAIN_INTERVAL="60", OTEL_EXPORTER_OTLP_TIMEOUT=EXPORTER_TIMEOUT_S)
     run = run_app("--tasks", "200000", env=env, timeout_s=300)
     assert run.returncode == 0, run.stderr[-3000:]
     (warning,) = [line for line in run.stderr.splitlines() if "not delivered" in line]
@@ -186,7 +194,8 @@ def test_exit_mid_drain_counts_every_span_once_and_stops_building(receiver):
     spans, unbuilt = counts[0], counts[2] if len(counts) > 2 else 0
     # 200,000 task spans and the compute's (a progress span or so, were a drain to come early).
     assert 200_001 <= spans + unbuilt <= 200_004, warning
-    assert run.exit_latency_s < 2.0, run.exit_latency_s
+    assert unbuilt > 0, "the tracker built them all before exit let go: the test proves nothing"
+    assert run.exit_latency_s < EXIT_HANG_S, run.exit_latency_s
 
 
 def test_data_held_while_the_collector_is_down_arrives_when_it_returns(receiver):
