@@ -239,6 +239,7 @@ def test_persist_is_one_trace_ended_when_its_futures_finish(receiver):
     assert root["end_ns"] >= add["end_ns"]
 
 
+@pytest.mark.slow
 def test_a_killed_worker_appears_in_the_trace(receiver):
     app = run_app("--workload", "kill", "--flush", env=env_for(receiver))
     assert app.value("FAILED").startswith("KilledWorker")
@@ -316,6 +317,7 @@ def test_a_compute_started_inside_a_task_on_a_worker_process_nests_in_the_trace(
     assert {s["trace_id"] for s in spans if s["name"] in ("inner", "outer", "dask.compute")} == {outer["trace_id"]}
 
 
+@pytest.mark.slow
 def test_the_budget_holds_across_a_workers_quiet_spells(receiver):
     # Tasks of 1.2 s: every worker drain (1 s) between two of them brings nothing, and the
     # compute is settled each time; what is left of its budget must carry over.
@@ -328,6 +330,7 @@ def test_the_budget_holds_across_a_workers_quiet_spells(receiver):
     assert len([s for s in children if "dask.task.count" in s["attributes"]]) <= 2
 
 
+@pytest.mark.slow
 def test_flush_returns_within_its_timeout_when_a_worker_is_paused(receiver):
     app = run_app("--workload", "pause", "--flush-timeout", "3", env=env_for(receiver))
     assert app.value("FLUSHED") == "False"
@@ -412,6 +415,7 @@ def external_cluster(tmp_path):
             proc.kill()
 
 
+@pytest.mark.slow
 def test_workers_without_otel_settings_use_the_clients_and_never_log_credentials(receiver, external_cluster):
     client_env = env_for(receiver, OTEL_EXPORTER_OTLP_HEADERS="authorization=Bearer%20s3cret-token")
     # Every log at its most verbose, so that a leak at debug level shows too.
@@ -432,6 +436,7 @@ def test_workers_without_otel_settings_use_the_clients_and_never_log_credentials
     assert "s3cret" not in app.stdout + app.stderr
 
 
+@pytest.mark.slow
 def test_preloaded_cluster_exports_with_its_own_settings(receiver, external_cluster):
     own = env_for(receiver, OTEL_SERVICE_NAME="hpc-workers")
     address = external_cluster(scheduler_env=own, worker_env=own, preload=True)

@@ -15,6 +15,8 @@ import pytest
 from otlp_receiver import HAVE_OPENSSL, OtlpReceiver, make_self_signed_cert
 from test_otlp_export import APP, EXIT_HANG_S, EXPORTER_TIMEOUT_S, otlp_env, run_app
 
+pytestmark = pytest.mark.slow  # faults run to their end: dying processes, TLS, outages
+
 
 @pytest.mark.parametrize("how", ["kill", "term", "exit"])
 def test_a_process_pool_worker_dying_mid_graph_is_reported_and_nothing_hangs(how):

@@ -23,6 +23,7 @@ from otel_graph.events import MAX_KEY_CHARS, MAX_MESSAGE_CHARS, MAX_PREFIX_CHARS
     describe_exception, key_to_str, safe_text, task_prefix
 
 APPS = Path(__file__).parent / "apps"
+pytestmark = pytest.mark.slow  # whole apps on hostile input, plain and instrumented
 
 
 @pytest.fixture(scope="module", params=["grpc", "http/protobuf"])
@@ -44,6 +45,7 @@ def line(proc: subprocess.CompletedProcess, label: str) -> str:
     return found[len(label) + 1:]
 
 
+@pytest.mark.xdist_group("hostile_run")  # one worker makes the module fixture once
 def test_the_computation_is_unharmed_and_nothing_of_ours_is_printed(hostile_run):
     proc, _, _ = hostile_run
     assert line(proc, "RESULT") == "3 True 3 49995000"
@@ -59,6 +61,7 @@ def test_the_computation_is_unharmed_and_nothing_of_ours_is_printed(hostile_run)
     assert "'spans_undelivered': 1," in flushed and "'points_undelivered': 0" in flushed
 
 
+@pytest.mark.xdist_group("hostile_run")  # one worker makes the module fixture once
 def test_every_span_arrives_readable_and_bounded(hostile_run):
     _, spans, _ = hostile_run
     by_key = {s["attributes"].get("dask.task.key"): s for s in spans if s["name"] != "dask.compute"}
@@ -82,6 +85,7 @@ def test_every_span_arrives_readable_and_bounded(hostile_run):
     assert len(roots) == 3 + 600
 
 
+@pytest.mark.xdist_group("hostile_run")  # one worker makes the module fixture once
 def test_a_failure_storm_too_big_for_one_request_still_arrives(hostile_run):
     proc, spans, _ = hostile_run
     assert line(proc, "STORM") == "600"
@@ -91,6 +95,7 @@ def test_a_failure_storm_too_big_for_one_request_still_arrives(hostile_run):
     assert sum(sorted(sizes)[:512]) > 4 * 1024 * 1024, "512 of these spans (one default batch) exceed 4 MB"
 
 
+@pytest.mark.xdist_group("hostile_run")  # one worker makes the module fixture once
 def test_metrics_survive_the_same_input(hostile_run):
     _, _, metrics = hostile_run
     prefixes = {p["attributes"].get("dask.task.prefix") for p in metrics if p["name"] == "dask.task.duration"}
@@ -113,6 +118,7 @@ def hostile_cluster_runs():
         yield runs, receiver.spans()
 
 
+@pytest.mark.xdist_group("hostile_cluster_runs")
 def test_on_a_cluster_the_computation_is_unharmed_and_nothing_of_ours_is_printed(hostile_cluster_runs):
     (plain, traced), _ = hostile_cluster_runs
     for label in ("RESULT", "RAISED", "STORM"):
@@ -128,6 +134,7 @@ def test_on_a_cluster_the_computation_is_unharmed_and_nothing_of_ours_is_printed
     assert "'worker_processes': 2" in flushed
 
 
+@pytest.mark.xdist_group("hostile_cluster_runs")
 def test_on_a_cluster_every_span_arrives_readable_and_bounded(hostile_cluster_runs):
     _, spans = hostile_cluster_runs
     tasks = [s for s in spans if "dask.task.prefix" in s["attributes"]]  # phase spans carry the key too

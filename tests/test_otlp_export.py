@@ -178,6 +178,7 @@ def test_a_broken_collector_never_hurts_the_computation(state, protocol):
         assert broken.spans() == []
 
 
+@pytest.mark.slow
 def test_exit_mid_drain_counts_every_span_once_and_stops_building(receiver):
     """Every task its own span (no budget), the collector down, and an exit while the tracker
     is still turning 200,000 task records into spans: the warning counts each span once,
@@ -223,6 +224,7 @@ def test_data_held_while_the_collector_is_down_arrives_when_it_returns(receiver)
     assert max(p["count"] for p in metric_points(receiver, "dask.compute.duration")) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("outage", ["refusing", "down"])
 def test_a_collector_back_just_before_exit_gets_everything_without_a_flush(outage):
     # Out through the whole run; back as the script ends. The exporters are asleep in their

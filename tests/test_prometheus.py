@@ -23,7 +23,8 @@ from grafana_files import alert_rules, dashboard_queries, dashboards
 from otlp_receiver import OtlpReceiver
 from prometheus_server import PROMETHEUS, PROMTOOL, PrometheusServer, QueryError, free_port
 
-pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="Debian prometheus is installed by `make test` (as root)")
+pytestmark = [pytest.mark.skipif(PROMETHEUS is None, reason="Debian prometheus is installed by `make test` (as root)"),
+              pytest.mark.slow]  # scrapes and alert rules that must fire in Prometheus's own time
 
 APPS = Path(__file__).parent / "apps"
 

@@ -17,6 +17,7 @@ from conftest import subprocess_env
 from otlp_receiver import OtlpReceiver
 
 APP = Path(__file__).parent / "apps" / "loop.py"
+pytestmark = pytest.mark.slow  # thousands of computes
 
 
 @pytest.mark.parametrize("scheduler", ["sync", "threads"])

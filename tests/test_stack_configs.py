@@ -36,7 +36,7 @@ COLLECTOR = ROOT / "collector" / "otelcol-config.yaml"
 JAEGER = ROOT / "collector" / "jaeger.yaml"
 PROMETHEUS = ROOT / "collector" / "prometheus.yml"
 GRAFANA = ROOT / "grafana"
-NODE_MODULES = ROOT / ".venv" / "node" / "node_modules"
+NODE_MODULES = ROOT / ".tools" / "node" / "node_modules"
 
 
 def load(path: Path) -> Any:

@@ -45,6 +45,7 @@ from otlp_receiver import OtlpReceiver
 from test_distributed import _wait_for_address, _without_otel, env_for, trace_of
 
 pytest.importorskip("distributed")
+pytestmark = pytest.mark.slow  # clusters losing processes, each run to its end
 
 APP = Path(__file__).parent / "apps" / "worker_exits.py"
 ERROR = 2  # OTLP StatusCode.STATUS_CODE_ERROR
