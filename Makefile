@@ -1,29 +1,57 @@
 # Two entry points do all set-up on a fresh machine: `make demo` and `make test`.
+#
+# Python packages come from uv.lock, exactly (`make lock` moves it to the newest releases the
+# ranges in pyproject.toml allow). uv itself is pinned and bootstrapped into .tools/ with the
+# machine's python3, so nothing but Python 3.10+ has to be there first.
+PYTHON ?= python3
 VENV ?= .venv
-PY := $(VENV)/bin/python
-PIP := $(VENV)/bin/pip
-STAMP := $(VENV)/.installed-test
-SYSTEM := $(VENV)/.system-packages
+UV_VERSION := 0.13.9
+UV_HOME := .tools/uv-$(UV_VERSION)
+UV := $(UV_HOME)/bin/uv
+STAMP := $(VENV)/.installed-lock
+SYSTEM := .tools/.system-packages
 # Debian packages the tests drive for real: chromium (the HTML report in a headless browser)
 # and prometheus (every dashboard and alert query, evaluated by a real Prometheus).
 DEBIAN_PACKAGES := chromium prometheus npm
 # npm packages for the dashboards' schema check: Grafana's published TypeScript schema, at
 # the version of the Grafana image in docker-compose.yml, and the TypeScript checker.
-NODE_DIR := $(VENV)/node
+NODE_DIR := .tools/node
 NODE_STAMP := $(NODE_DIR)/.installed
 NODE_PACKAGES := @grafana/schema@12.4.11 typescript@5.9.3
+# Test processes at once. The suite mostly waits on subprocesses and clusters, so it runs
+# more of them than there are cores.
+TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) * 2 )))
+PYTEST_ARGS ?=
+# Where the newest-releases and lowest-versions runs build their own environments.
+LATEST_VENV := .venv-latest
+OLDEST_VENV := .venv-oldest
+OLDEST_LOCAL_VENV := .venv-oldest-local
+# The oldest run uses the lowest Python pyproject.toml allows, where the machine has it.
+OLDEST_PYTHON ?= $(or $(wildcard $(HOME)/.pyenv/versions/3.10.*/bin/python3.10),$(shell command -v python3.10),$(PYTHON))
 
-.PHONY: test demo venv bench clean
+# Python never downloaded by uv (the machine's own interpreter is used); bytecode compiled at
+# install, since machines that set PYTHONDONTWRITEBYTECODE otherwise compile every module in
+# every process the tests start.
+export UV_PYTHON_DOWNLOADS := never
+export UV_COMPILE_BYTECODE := 1
+export UV_PROJECT_ENVIRONMENT := $(VENV)
+UV_SYNC := $(UV) sync --locked --all-extras --python $(PYTHON)
+# loadgroup: tests that share a module's fixture (marked xdist_group) go to one process.
+PYTEST := -m pytest -n $(TEST_WORKERS) --dist loadgroup
+# The versions a run names before it starts, so that its log says what it tested.
+SHOWN := dask|distributed|opentelemetry-sdk|opentelemetry-exporter-otlp-proto-grpc|grpcio|protobuf|cloudpickle|psutil
 
-$(PY):
-	python3 -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
+.PHONY: test test-fast test-latest test-oldest demo venv lock bench clean
 
-$(STAMP): pyproject.toml | $(PY)
-	$(PIP) install -q -e '.[test]'
+$(UV):
+	$(PYTHON) -m venv $(UV_HOME)
+	$(UV_HOME)/bin/python -m pip install -q --disable-pip-version-check uv==$(UV_VERSION)
+
+$(STAMP): uv.lock pyproject.toml | $(UV)
+	$(UV_SYNC)
 	touch $@
 
-$(SYSTEM): Makefile | $(PY)
+$(SYSTEM): Makefile
 	@missing=""; for p in $(DEBIAN_PACKAGES); do command -v $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -z "$$missing" ]; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
@@ -40,15 +68,45 @@ $(NODE_STAMP): Makefile | $(SYSTEM)
 venv: $(STAMP)
 
 test: $(STAMP) $(SYSTEM) $(NODE_STAMP)
-	$(PY) -m pytest
+	$(VENV)/bin/python $(PYTEST) $(PYTEST_ARGS)
+
+# Everything but the cases marked slow (worker exits, fault and scale runs, alerts firing).
+test-fast: $(STAMP) $(SYSTEM) $(NODE_STAMP)
+	$(VENV)/bin/python $(PYTEST) -m "not slow" $(PYTEST_ARGS)
+
+# The suite on the newest release of every dependency, resolved now (the lock is not used or
+# changed): a release that breaks otel_graph shows up here first.
+test-latest: $(SYSTEM) $(NODE_STAMP) | $(UV)
+	$(UV) venv -q --clear --python $(PYTHON) $(LATEST_VENV)
+	$(UV) pip install -q --python $(LATEST_VENV)/bin/python --refresh --resolution highest -e '.[test,distributed,prometheus,report,demo]'
+	$(UV) pip list --python $(LATEST_VENV)/bin/python --format freeze | grep -iE '^($(SHOWN))=='
+	$(LATEST_VENV)/bin/python $(PYTEST) $(PYTEST_ARGS)
+
+# The floors: every direct dependency at the lowest version pyproject.toml allows, on the
+# lowest Python it allows. Two runs, for two floors: dask alone for the local schedulers
+# (distributed not installed, so its tests are skipped), then dask and distributed at the
+# distributed extra's floor.
+test-oldest: $(SYSTEM) $(NODE_STAMP) | $(UV)
+	$(UV) venv -q --clear --python $(OLDEST_PYTHON) $(OLDEST_LOCAL_VENV)
+	$(UV) pip install -q --python $(OLDEST_LOCAL_VENV)/bin/python --resolution lowest-direct -e '.[test,prometheus,report,instruments]'
+	$(UV) pip list --python $(OLDEST_LOCAL_VENV)/bin/python --format freeze | grep -iE '^($(SHOWN))=='
+	$(OLDEST_LOCAL_VENV)/bin/python $(PYTEST) $(PYTEST_ARGS)
+	$(UV) venv -q --clear --python $(OLDEST_PYTHON) $(OLDEST_VENV)
+	$(UV) pip install -q --python $(OLDEST_VENV)/bin/python --resolution lowest-direct -e '.[test,prometheus,report,distributed]'
+	$(UV) pip list --python $(OLDEST_VENV)/bin/python --format freeze | grep -iE '^($(SHOWN))=='
+	$(OLDEST_VENV)/bin/python $(PYTEST) $(PYTEST_ARGS)
+
+# Moves uv.lock to the newest releases pyproject.toml allows; commit the result.
+lock: | $(UV)
+	$(UV) lock --upgrade --python $(PYTHON)
 
 bench: $(STAMP)
-	$(PY) benchmarks/run.py
-	$(PY) benchmarks/bench_distributed.py
-	$(PY) benchmarks/bench_faults.py
+	$(VENV)/bin/python benchmarks/run.py
+	$(VENV)/bin/python benchmarks/bench_distributed.py
+	$(VENV)/bin/python benchmarks/bench_faults.py
 
 demo: $(STAMP)
 	$(VENV)/bin/otel-graph demo
 
 clean:
-	rm -rf $(VENV) .pytest_cache otel-graph-out
+	rm -rf $(VENV) $(LATEST_VENV) $(OLDEST_VENV) $(OLDEST_LOCAL_VENV) .tools .pytest_cache otel-graph-out
