@@ -146,7 +146,7 @@ class CollectorExposition:
         return f"127.0.0.1:{self.port}"
 
     def __enter__(self) -> CollectorExposition:
-        from prometheus_server import free_port
+        from ports import free_port
 
         registry = CollectorRegistry(auto_describe=False)
         registry.register(self)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from collections.abc import Iterator
@@ -18,6 +19,27 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+# The apps are users' scripts that the tests run as subprocesses; importing one for its
+# doctests would run it (and needs what it imports, distributed included).
+collect_ignore = ["apps"]
+
+#: For tests that need dask.distributed, an extra: skipped where it is not installed (the
+#: local schedulers are also tested on dask's floor without it, by `make test-oldest`).
+needs_distributed = pytest.mark.skipif(importlib.util.find_spec("distributed") is None,
+                                       reason="dask.distributed is not installed (the distributed extra)")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that share a module-scoped fixture of ours form an xdist group: under
+    ``--dist loadgroup`` they run in one process, which makes the fixture once (a whole
+    app run, a cluster) instead of once in every process that draws one of them."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        for name, definitions in (info.name2fixturedefs.items() if info is not None else ()):
+            definition = definitions[-1] if definitions else None
+            if definition is not None and definition.scope == "module" and definition.baseid:
+                item.add_marker(pytest.mark.xdist_group(f"{definition.baseid}::{name}"))
 
 
 @dataclass

@@ -12,7 +12,7 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
-from conftest import subprocess_env
+from conftest import needs_distributed, subprocess_env
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -45,7 +45,6 @@ def recorded(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.mark.xdist_group("recorded")  # one worker makes the module fixture once
 def test_run_writes_owner_only_otlp_json_files(recorded):
     for name in ("traces.jsonl", "metrics.jsonl"):
         mode = stat.S_IMODE((recorded / name).stat().st_mode)
@@ -55,7 +54,6 @@ def test_run_writes_owner_only_otlp_json_files(recorded):
     assert len(span["traceId"]) == 32 and int(span["traceId"], 16)  # hex, as OTLP/JSON requires
 
 
-@pytest.mark.xdist_group("recorded")  # one worker makes the module fixture once
 def test_critical_path_of_a_real_run_is_the_slow_branch(recorded):
     spans = list(TelemetryFile.open(recorded / "traces.jsonl").spans())
     (compute,) = group_computes(spans)
@@ -66,7 +64,6 @@ def test_critical_path_of_a_real_run_is_the_slow_branch(recorded):
     assert 0.4e9 <= path.on_path_ns <= compute.wall_ns
 
 
-@pytest.mark.xdist_group("recorded")  # one worker makes the module fixture once
 def test_report_prints_every_section(recorded):
     run = cli("report", str(recorded / "traces.jsonl"), str(recorded / "metrics.jsonl"))
     assert run.returncode == 0, run.stderr
@@ -141,6 +138,7 @@ def test_a_collectors_file_exporter_output_is_read(tmp_path):
 
 
 @pytest.mark.slow
+@needs_distributed  # the demo's second part runs on a LocalCluster
 def test_demo_on_the_embedded_default(tmp_path):
     closed = "http://127.0.0.1:9"  # discard port: nothing answers, so files are the default
     run = cli("demo", "--out", str(tmp_path / "out"), env=subprocess_env(OTEL_EXPORTER_OTLP_ENDPOINT=closed),

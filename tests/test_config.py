@@ -96,7 +96,12 @@ def test_a_file_dir_that_cannot_be_made_is_a_clear_error_that_leaves_nothing_run
         "        otel_graph.instrument_scheduler(resources=False)\n"
         "    except otel_graph.ConfigurationError as exc:\n"
         "        print('ERROR', exc)\n"
-        "print('THREADS', sorted(t.name for t in threading.enumerate() if t.name != 'MainThread'))\n"
+        # The SDK's resource detection runs on a thread pool of its own that ends just after:
+        # given a moment, only what was left running is still there.
+        "others = [t for t in threading.enumerate() if t is not threading.main_thread()]\n"
+        "for t in others:\n"
+        "    t.join(5 / len(others))\n"
+        "print('THREADS', sorted(t.name for t in others if t.is_alive()))\n"
     )
     env = subprocess_env(**{f"OTEL_{signal}_EXPORTER": "otlp_file", "OTEL_GRAPH_FILE_DIR": str(blocker / "out"),
                             "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"})

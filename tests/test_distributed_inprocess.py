@@ -18,8 +18,6 @@ import pytest
 distributed = pytest.importorskip("distributed")
 from distributed import Client, LocalCluster  # noqa: E402
 
-pytestmark = pytest.mark.xdist_group("cluster")  # one worker makes the module's cluster once
-
 
 def inc(x: int) -> int:
     return x + 1

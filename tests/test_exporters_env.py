@@ -10,7 +10,6 @@ are final and "nothing arrived" is a real assertion.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import subprocess_env
 from otlp_receiver import OtlpReceiver
+from ports import free_port
 
 APP = Path(__file__).parent / "apps" / "compute.py"
 TASKS = 9
@@ -30,13 +30,6 @@ TASKS = 9
 def receiver() -> Iterator[OtlpReceiver]:
     with OtlpReceiver() as running:
         yield running
-
-
-def free_port() -> int:
-    """A port nothing listens on: bound by the OS, then released."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def run_app(*args: str, env: dict[str, str], timeout_s: float = 120) -> subprocess.CompletedProcess[str]:

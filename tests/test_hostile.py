@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import subprocess_env
+from conftest import needs_distributed, subprocess_env
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from otlp_receiver import OtlpReceiver
@@ -45,7 +45,6 @@ def line(proc: subprocess.CompletedProcess, label: str) -> str:
     return found[len(label) + 1:]
 
 
-@pytest.mark.xdist_group("hostile_run")  # one worker makes the module fixture once
 def test_the_computation_is_unharmed_and_nothing_of_ours_is_printed(hostile_run):
     proc, _, _ = hostile_run
     assert line(proc, "RESULT") == "3 True 3 49995000"
@@ -61,7 +60,6 @@ def test_the_computation_is_unharmed_and_nothing_of_ours_is_printed(hostile_run)
     assert "'spans_undelivered': 1," in flushed and "'points_undelivered': 0" in flushed
 
 
-@pytest.mark.xdist_group("hostile_run")  # one worker makes the module fixture once
 def test_every_span_arrives_readable_and_bounded(hostile_run):
     _, spans, _ = hostile_run
     by_key = {s["attributes"].get("dask.task.key"): s for s in spans if s["name"] != "dask.compute"}
@@ -85,7 +83,6 @@ def test_every_span_arrives_readable_and_bounded(hostile_run):
     assert len(roots) == 3 + 600
 
 
-@pytest.mark.xdist_group("hostile_run")  # one worker makes the module fixture once
 def test_a_failure_storm_too_big_for_one_request_still_arrives(hostile_run):
     proc, spans, _ = hostile_run
     assert line(proc, "STORM") == "600"
@@ -95,7 +92,6 @@ def test_a_failure_storm_too_big_for_one_request_still_arrives(hostile_run):
     assert sum(sorted(sizes)[:512]) > 4 * 1024 * 1024, "512 of these spans (one default batch) exceed 4 MB"
 
 
-@pytest.mark.xdist_group("hostile_run")  # one worker makes the module fixture once
 def test_metrics_survive_the_same_input(hostile_run):
     _, _, metrics = hostile_run
     prefixes = {p["attributes"].get("dask.task.prefix") for p in metrics if p["name"] == "dask.task.duration"}
@@ -118,7 +114,7 @@ def hostile_cluster_runs():
         yield runs, receiver.spans()
 
 
-@pytest.mark.xdist_group("hostile_cluster_runs")
+@needs_distributed
 def test_on_a_cluster_the_computation_is_unharmed_and_nothing_of_ours_is_printed(hostile_cluster_runs):
     (plain, traced), _ = hostile_cluster_runs
     for label in ("RESULT", "RAISED", "STORM"):
@@ -134,7 +130,7 @@ def test_on_a_cluster_the_computation_is_unharmed_and_nothing_of_ours_is_printed
     assert "'worker_processes': 2" in flushed
 
 
-@pytest.mark.xdist_group("hostile_cluster_runs")
+@needs_distributed
 def test_on_a_cluster_every_span_arrives_readable_and_bounded(hostile_cluster_runs):
     _, spans = hostile_cluster_runs
     tasks = [s for s in spans if "dask.task.prefix" in s["attributes"]]  # phase spans carry the key too
@@ -287,6 +283,7 @@ print("DONE", flush=True)
 """
 
 
+@needs_distributed
 def test_closing_an_in_process_cluster_leaves_the_process_s_exporter_backing_off(tmp_path):
     """A worker of a LocalCluster(processes=False) exports through the process's own pipeline;
     its teardown asked that pipeline the exit's question, which cuts retry backoffs for good:

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from types import SimpleNamespace as NS
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from otel_graph.cluster.ledger import (
+pytest.importorskip("distributed")  # the scheduler's side imports it
+
+from otel_graph.cluster.ledger import (  # noqa: E402
     MAX_OPEN_COMPUTES,
     Deliveries,
     Ledger,
@@ -20,10 +23,10 @@ from otel_graph.cluster.ledger import (
     MetricDeliveries,
     MetricLedger,
 )
-from otel_graph.cluster.scheduler import SchedulerTelemetryPlugin
-from otel_graph.events import OTHER_PREFIXES
-from otel_graph.metrics import MAX_METRIC_PREFIXES
-from otel_graph.policy import MAX_AGGREGATES
+from otel_graph.cluster.scheduler import SchedulerTelemetryPlugin  # noqa: E402
+from otel_graph.events import OTHER_PREFIXES  # noqa: E402
+from otel_graph.metrics import MAX_METRIC_PREFIXES  # noqa: E402
+from otel_graph.policy import MAX_AGGREGATES  # noqa: E402
 
 TP = "00-0000000000000000000000000000000a-000000000000000b-01"
 

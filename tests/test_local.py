@@ -6,6 +6,7 @@ import threading
 
 import dask
 import pytest
+from conftest import needs_distributed
 from graphs import DSK, add, boom, inc, timed_sleep
 from opentelemetry import trace
 from opentelemetry.trace import StatusCode
@@ -391,6 +392,7 @@ def test_a_thread_pool_passed_as_pool_is_labelled_threads(telemetry):
     assert len(telemetry.children(root)) == 2
 
 
+@needs_distributed
 def test_a_handle_made_while_another_uninstruments_keeps_its_readings(monkeypatch):
     """uninstrument() silenced the process readings after its cluster teardown, outside its
     lock: a handle made on the same meter provider meanwhile lost its CPU and memory readings."""

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import subprocess_env
 from otlp_receiver import OtlpReceiver
+from ports import free_port
 
 APP = Path(__file__).parent / "apps" / "compute.py"
 #: The exporters' own timeout (seconds, as the Python SDK reads it) in the tests of exits
@@ -230,7 +231,7 @@ def test_a_collector_back_just_before_exit_gets_everything_without_a_flush(outag
     # Out through the whole run; back as the script ends. The exporters are asleep in their
     # retry backoff (1, 2, 4 s...), holding connections that failed, and the processor in
     # its own backoff: exit must try again at once, on fresh connections.
-    first = OtlpReceiver(fail=True).start()
+    first = OtlpReceiver(fail=True, grpc_port=free_port()).start()  # a port no other test is given
     endpoint = first.grpc_endpoint
     if outage == "down":
         first.stop()  # nothing listens: connections are refused, as when a collector restarts

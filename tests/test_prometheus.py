@@ -18,10 +18,11 @@ from pathlib import Path
 
 import pytest
 from collector_exporter import CollectorExposition
-from conftest import subprocess_env
+from conftest import needs_distributed, subprocess_env
 from grafana_files import alert_rules, dashboard_queries, dashboards
 from otlp_receiver import OtlpReceiver
-from prometheus_server import PROMETHEUS, PROMTOOL, PrometheusServer, QueryError, free_port
+from ports import free_port
+from prometheus_server import PROMETHEUS, PROMTOOL, PrometheusServer, QueryError
 
 pytestmark = [pytest.mark.skipif(PROMETHEUS is None, reason="Debian prometheus is installed by `make test` (as root)"),
               pytest.mark.slow]  # scrapes and alert rules that must fire in Prometheus's own time
@@ -74,8 +75,9 @@ def test_a_local_run_is_scraped_with_the_names_dashboards_use():
         app.release()
 
 
+@needs_distributed
 def test_a_local_cluster_serves_every_process_and_the_scheduler_gauges():
-    port = free_port()
+    port = free_port(run=8)
     # Worker processes find the port taken by the client and move to the next free ones.
     ports = [port, *range(port + 1, port + 8)]
     app = Held([str(APPS / "cluster.py"), "--hold", "--flush"], prometheus_env(port), ready="HOLDING")
@@ -129,6 +131,7 @@ def expand(expr: str) -> str:
     return f"count by ({match.group(2)}) ({match.group(1)})" if match else expr
 
 
+@needs_distributed
 def test_every_dashboard_query_parses_and_the_non_gpu_panels_have_data():
     queries = dashboard_queries()
     assert len(queries) >= 25 and {uid for uid, _, _ in queries} == {"dask-overview", "dask-resources",
@@ -204,7 +207,8 @@ def test_every_alert_rule_is_linked_and_its_query_parses():
             assert not firing(prometheus, rule), rule["uid"]  # parses; nothing to fire on in an empty server
 
 
-@pytest.mark.parametrize("uid", sorted(SCENARIOS))
+@pytest.mark.parametrize("uid", [pytest.param(uid, marks=needs_distributed if CLUSTER[0] in SCENARIOS[uid][0] else ())
+                                 for uid in sorted(SCENARIOS)])
 def test_alert_fires_under_its_fault_and_not_in_a_healthy_run(uid):
     rule = alert_rules()[uid]
     fault_args, fault_ready, fault_env, healthy_args, healthy_ready = SCENARIOS[uid]

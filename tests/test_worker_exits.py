@@ -42,6 +42,7 @@ from types import TracebackType
 import pytest
 from conftest import subprocess_env
 from otlp_receiver import OtlpReceiver
+from ports import free_port
 from test_distributed import _wait_for_address, _without_otel, env_for, trace_of
 
 pytest.importorskip("distributed")
@@ -445,7 +446,7 @@ class CommandLineCluster:
         self._preload = ["--preload", "otel_graph"] if preload else []
         self._procs: list[subprocess.Popen] = []
         self.scheduler: subprocess.Popen | None = None
-        self.port = 0
+        self.port = free_port()  # it starts again on its address: a port no other test is given
 
     def _spawn(self, args: list[str], log: str) -> subprocess.Popen:
         with open(self._directory / log, "w") as out:
