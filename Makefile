@@ -26,6 +26,9 @@ PYTEST_ARGS ?=
 LATEST_VENV := .venv-latest
 OLDEST_VENV := .venv-oldest
 OLDEST_LOCAL_VENV := .venv-oldest-local
+LATEST_EXTRAS := test,distributed,prometheus,report,demo
+LOCAL_EXTRAS := test,prometheus,report,instruments
+CLUSTER_EXTRAS := test,prometheus,report,distributed
 # The oldest run uses the lowest Python pyproject.toml allows, where the machine has it.
 OLDEST_PYTHON ?= $(or $(wildcard $(HOME)/.pyenv/versions/3.10.*/bin/python3.10),$(shell command -v python3.10),$(PYTHON))
 
@@ -36,7 +39,8 @@ export UV_PYTHON_DOWNLOADS := never
 export UV_COMPILE_BYTECODE := 1
 export UV_PROJECT_ENVIRONMENT := $(VENV)
 UV_SYNC := $(UV) sync --locked --all-extras --python $(PYTHON)
-# loadgroup: tests that share a module's fixture (marked xdist_group) go to one process.
+# loadgroup: tests that share a module-scoped fixture go to one process (tests/conftest.py
+# groups them), which makes the fixture once.
 PYTEST := -m pytest -n $(TEST_WORKERS) --dist loadgroup
 # The versions a run names before it starts, so that its log says what it tested.
 SHOWN := dask|distributed|opentelemetry-sdk|opentelemetry-exporter-otlp-proto-grpc|grpcio|protobuf|cloudpickle|psutil
@@ -74,27 +78,27 @@ test: $(STAMP) $(SYSTEM) $(NODE_STAMP)
 test-fast: $(STAMP) $(SYSTEM) $(NODE_STAMP)
 	$(VENV)/bin/python $(PYTEST) -m "not slow" $(PYTEST_ARGS)
 
-# The suite on the newest release of every dependency, resolved now (the lock is not used or
-# changed): a release that breaks otel_graph shows up here first.
+# $(call suite_in,VENV,PYTHON,EXTRAS,RESOLUTION OPTIONS,PYTEST OPTIONS): the suite in a venv made
+# anew, with the project and EXTRAS resolved there and then (the lock is not used or changed).
+define suite_in
+	$(UV) venv -q --clear --python $(2) $(1)
+	$(UV) pip install -q --python $(1)/bin/python $(4) -e '.[$(3)]'
+	$(UV) pip list --python $(1)/bin/python --format freeze | grep -iE '^($(SHOWN))=='
+	$(1)/bin/python $(PYTEST) $(5) $(PYTEST_ARGS)
+endef
+
+# The suite on the newest release of every dependency: a release that breaks otel_graph
+# shows up here first.
 test-latest: $(SYSTEM) $(NODE_STAMP) | $(UV)
-	$(UV) venv -q --clear --python $(PYTHON) $(LATEST_VENV)
-	$(UV) pip install -q --python $(LATEST_VENV)/bin/python --refresh --resolution highest -e '.[test,distributed,prometheus,report,demo]'
-	$(UV) pip list --python $(LATEST_VENV)/bin/python --format freeze | grep -iE '^($(SHOWN))=='
-	$(LATEST_VENV)/bin/python $(PYTEST) $(PYTEST_ARGS)
+	$(call suite_in,$(LATEST_VENV),$(PYTHON),$(LATEST_EXTRAS),--refresh --resolution highest,)
 
 # The floors: every direct dependency at the lowest version pyproject.toml allows, on the
 # lowest Python it allows. Two runs, for two floors: dask alone for the local schedulers
-# (distributed not installed, so its tests are skipped), then dask and distributed at the
-# distributed extra's floor.
+# (distributed not installed: its tests are skipped, and otel_graph.cluster is not
+# collected), then dask and distributed at the distributed extra's floor.
 test-oldest: $(SYSTEM) $(NODE_STAMP) | $(UV)
-	$(UV) venv -q --clear --python $(OLDEST_PYTHON) $(OLDEST_LOCAL_VENV)
-	$(UV) pip install -q --python $(OLDEST_LOCAL_VENV)/bin/python --resolution lowest-direct -e '.[test,prometheus,report,instruments]'
-	$(UV) pip list --python $(OLDEST_LOCAL_VENV)/bin/python --format freeze | grep -iE '^($(SHOWN))=='
-	$(OLDEST_LOCAL_VENV)/bin/python $(PYTEST) --ignore=otel_graph/cluster $(PYTEST_ARGS)
-	$(UV) venv -q --clear --python $(OLDEST_PYTHON) $(OLDEST_VENV)
-	$(UV) pip install -q --python $(OLDEST_VENV)/bin/python --resolution lowest-direct -e '.[test,prometheus,report,distributed]'
-	$(UV) pip list --python $(OLDEST_VENV)/bin/python --format freeze | grep -iE '^($(SHOWN))=='
-	$(OLDEST_VENV)/bin/python $(PYTEST) $(PYTEST_ARGS)
+	$(call suite_in,$(OLDEST_LOCAL_VENV),$(OLDEST_PYTHON),$(LOCAL_EXTRAS),--resolution lowest-direct,--ignore=otel_graph/cluster)
+	$(call suite_in,$(OLDEST_VENV),$(OLDEST_PYTHON),$(CLUSTER_EXTRAS),--resolution lowest-direct,)
 
 # Moves uv.lock to the newest releases pyproject.toml allows; commit the result.
 lock: | $(UV)
