@@ -76,7 +76,7 @@ class ComputeRecord:
     """One compute: what capture writes (``sink``, ``submitted``, ``lost``) and what we derive."""
 
     __slots__ = ("scheduler", "span", "context", "start_ns", "end_ns", "error", "sink", "submitted",
-                 "lost", "seen", "in_hand", "graph", "state", "plan", "sampled", "graph_tasks", "cluster",
+                 "lost", "seen", "in_spans", "graph", "state", "plan", "sampled", "graph_tasks", "cluster",
                  "cluster_events", "task_span_ids", "caller", "parents", "assign_ids", "in_backlog",
                  "progress_ns", "progress_spans")
 
@@ -98,8 +98,9 @@ class ComputeRecord:
         self.submitted = 0
         self.lost = 0
         self.seen = 0
-        #: Records taken from the sink for a drain and not yet made telemetry.
-        self.in_hand = 0
+        #: Tasks that the compute's spans made so far stand for (task spans, aggregates' counts):
+        #: of those seen, the rest are yet to be made spans of.
+        self.in_spans = 0
         self.graph: Any = None
         self.state: Any = None
         self.plan: SpanPlan | None = None
@@ -168,9 +169,13 @@ class Tracker:
         self._forgotten = 0  # computes finished with, ever: progress, for keep_up
         self._stalled_at: int | None = None
         self._stopping = False
-        #: Set when stop() gives up on what is left: the thread stops at its next slice of
-        #: records, which then stay counted as unbuilt (unprocessed()), not built unseen.
+        #: Set when stop() gives up on what is left: no span is made after it, and what is left
+        #: stays counted as unbuilt (unprocessed()), not built unseen.
         self._halt = False
+        #: Held while a span of tasks is made (and a compute's root ended), and while stop()
+        #: counts what is left: a count taken as a slice of 2,048 task spans was being made
+        #: counted those spans twice, as unbuilt and then as spans (seen under load).
+        self._building = threading.RLock()
         self.tasks_aggregated = 0
         #: Tasks whose spans a lost worker took with it, made up from the scheduler's count.
         self.tasks_recovered = 0
@@ -289,16 +294,24 @@ class Tracker:
             self.flush(timeout_s)
         with self._wake:
             self._stopping = True
-            self._halt = not drain
+            self._halt = self._halt or not drain  # what an earlier stop counted stays unbuilt
             self._wake.notify_all()
         self._thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
         if self._thread.is_alive():
             # Out of time mid-drain: the rest is counted, so the thread must not go on building
             # it after the count (and after exit's warning). It stops within a slice.
             self._halt = True
-            self._thread.join(_HALT_WAIT_S)
-        if self._halt or self._thread.is_alive():
-            left = self.unprocessed()
+        if self._halt:
+            # Halted, no span is made once the one being made is: the count is exact. One
+            # stuck in the making (an application's span processor that blocks) is not waited
+            # for past this; that one span is then counted twice.
+            between = self._building.acquire(timeout=_HALT_WAIT_S)
+            try:
+                left = self.unprocessed()
+            finally:
+                if between:
+                    self._building.release()
+            self._thread.join(_HALT_WAIT_S)  # it puts down its slice
             if not self._thread.is_alive():
                 self._release()
             return left
@@ -321,9 +334,14 @@ class Tracker:
             self._forget(record)
 
     def unprocessed(self) -> int:
-        """Task records not yet turned into spans, plus the root spans of computes still open."""
+        """Task records not yet turned into spans, plus the root spans of computes still open.
+
+        Records held for a span to come count too: a slow task kept for the compute's end, a
+        task folded into an aggregate not yet made. A compute the sampler left out has no
+        spans to make.
+        """
         with self._lock:
-            return sum(len(r.sink) + r.in_hand + 1 for r in self._records)
+            return sum(len(r.sink) + r.seen - r.in_spans + 1 for r in self._records if r.sampled)
 
     def _close_incomplete(self, record: ComputeRecord) -> None:
         if record.end_ns is None:
@@ -370,20 +388,20 @@ class Tracker:
                 keep=record.task_span_ids,
             )
         sink = record.sink
-        count = len(sink)
-        if count:
+        with self._building:  # seen whenever not in the sink, for stop()'s count
+            count = len(sink)
             taken = sink[:count]
             del sink[:count]  # appends may land meanwhile; they stay at the end
             record.seen += count
-            # Plain tuples until now (see local._execute). Made TaskEvents a slice at a time,
-            # so that those not kept die young: 10^5 at once outlived two collections, and
-            # their promotion set off a full one (~0.1 s) on the tracker's drain.
-            for start in range(0, count, EVENT_SLICE):
-                record.in_hand = count - start
-                if self._halt:
-                    return
-                self._consume(record, plan, list(map(TaskEvent._make, taken[start:start + EVENT_SLICE])))
-            record.in_hand = 0
+        # Plain tuples until now (see local._execute). Made TaskEvents a slice at a time,
+        # so that those not kept die young: 10^5 at once outlived two collections, and
+        # their promotion set off a full one (~0.1 s) on the tracker's drain.
+        for start in range(0, count, EVENT_SLICE):
+            if self._halt:
+                return
+            self._consume(record, plan, list(map(TaskEvent._make, taken[start:start + EVENT_SLICE])))
+        if self._halt:
+            return
         if record.end_ns is None:
             try:
                 self._progress(record)
@@ -427,21 +445,29 @@ class Tracker:
     def _task_span(self, record: ComputeRecord, ev: TaskEvent, prefix: str) -> None:
         ids = record.task_span_ids
         extra = {"span_id": ids[ev.key]} if ids and ev.key in ids else {}
-        try:
-            self._emitter.emit(
-                parent=record.span, name=self._metrics.span_name(prefix), start_ns=ev.start_ns, end_ns=ev.end_ns,
-                attributes=task_attributes(ev, prefix, record.graph, record.state), error=ev.error, **extra,
-            )
-        except Exception as exc:  # one span must not cost the rest of its compute
-            self._span_failed(exc)
+        with self._building:
+            if self._halt:
+                return  # counted as unbuilt
+            record.in_spans += 1
+            try:
+                self._emitter.emit(
+                    parent=record.span, name=self._metrics.span_name(prefix), start_ns=ev.start_ns, end_ns=ev.end_ns,
+                    attributes=task_attributes(ev, prefix, record.graph, record.state), error=ev.error, **extra,
+                )
+            except Exception as exc:  # one span must not cost the rest of its compute
+                self._span_failed(exc)
 
     def _aggregate_span(self, record: ComputeRecord, agg: Aggregate) -> None:
-        self.tasks_aggregated += agg.count
-        try:
-            self._emitter.emit(parent=record.span, name=self._metrics.span_name(agg.prefix), start_ns=agg.start_ns,
-                               end_ns=agg.end_ns, attributes=aggregate_attributes(agg))
-        except Exception as exc:
-            self._span_failed(exc)
+        with self._building:
+            if self._halt:
+                return  # counted as unbuilt
+            record.in_spans += agg.count
+            self.tasks_aggregated += agg.count
+            try:
+                self._emitter.emit(parent=record.span, name=self._metrics.span_name(agg.prefix),
+                                   start_ns=agg.start_ns, end_ns=agg.end_ns, attributes=aggregate_attributes(agg))
+            except Exception as exc:
+                self._span_failed(exc)
 
     def _span_failed(self, exc: Exception) -> None:
         # An application's span processor that raises (in on_end, through span.end()) made
@@ -469,6 +495,11 @@ class Tracker:
         self._metrics.record_recovered(prefix, failed=failed, count=count, duration_s=duration_s)
 
     def _finish(self, record: ComputeRecord, plan: SpanPlan) -> None:
+        with self._building:  # its spans, the root's end and its leaving the count, as one
+            if not self._halt:
+                self._end(record, plan)
+
+    def _end(self, record: ComputeRecord, plan: SpanPlan) -> None:
         plan.finish()
         span = record.span
         if record.scheduler != "distributed":
