@@ -26,6 +26,7 @@ PYTEST_ARGS ?=
 LATEST_VENV := .venv-latest
 OLDEST_VENV := .venv-oldest
 OLDEST_LOCAL_VENV := .venv-oldest-local
+PEER_VENV := .venv-peer
 LATEST_EXTRAS := test,distributed,prometheus,report,demo
 LOCAL_EXTRAS := test,prometheus,report,instruments
 CLUSTER_EXTRAS := test,prometheus,report,distributed
@@ -45,7 +46,7 @@ PYTEST := -m pytest -n $(TEST_WORKERS) --dist loadgroup
 # The versions a run names before it starts, so that its log says what it tested.
 SHOWN := dask|distributed|opentelemetry-sdk|opentelemetry-exporter-otlp-proto-grpc|grpcio|protobuf|cloudpickle|psutil
 
-.PHONY: test test-fast test-latest test-oldest demo venv lock bench clean
+.PHONY: test test-fast test-latest test-oldest peer-test demo venv lock bench clean
 
 $(UV):
 	$(PYTHON) -m venv $(UV_HOME)
@@ -100,6 +101,21 @@ test-oldest: $(SYSTEM) $(NODE_STAMP) | $(UV)
 	$(call suite_in,$(OLDEST_LOCAL_VENV),$(OLDEST_PYTHON),$(LOCAL_EXTRAS),--resolution lowest-direct,--ignore=otel_graph/cluster)
 	$(call suite_in,$(OLDEST_VENV),$(OLDEST_PYTHON),$(CLUSTER_EXTRAS),--resolution lowest-direct,)
 
+# dask/distributed's own tests, plain and instrumented, and every test whose outcome differs:
+#   make peer-test DISTRIBUTED_SRC=path/to/distributed [DISTRIBUTED_VERSION=2026.7.1] [PEER_ARGS=...]
+# The checkout's distributed (and the dask it pins) replace the locked ones in a venv of their
+# own; DISTRIBUTED_VERSION is needed only for a checkout without its git history.
+DISTRIBUTED_VERSION ?= $(shell git -C "$(DISTRIBUTED_SRC)" describe --tags --exact-match 2>/dev/null)
+PEER_PACKAGES := pytest-timeout pytest-rerunfailures
+PEER_ARGS ?=
+peer-test: | $(UV)
+	@test -n "$(DISTRIBUTED_SRC)" || { echo "usage: make peer-test DISTRIBUTED_SRC=path/to/distributed"; exit 2; }
+	UV_PROJECT_ENVIRONMENT=$(PEER_VENV) $(UV_SYNC)
+	SETUPTOOLS_SCM_PRETEND_VERSION=$(DISTRIBUTED_VERSION) $(UV) pip install -q --python $(PEER_VENV)/bin/python \
+		"$(DISTRIBUTED_SRC)" $(PEER_PACKAGES)
+	$(UV) pip list --python $(PEER_VENV)/bin/python --format freeze | grep -iE '^($(SHOWN))=='
+	$(PEER_VENV)/bin/python tests/peer/run.py --src "$(DISTRIBUTED_SRC)" $(PEER_ARGS)
+
 # Moves uv.lock to the newest releases pyproject.toml allows; commit the result.
 lock: | $(UV)
 	$(UV) lock --upgrade --python $(PYTHON)
@@ -113,4 +129,4 @@ demo: $(STAMP)
 	$(VENV)/bin/otel-graph demo
 
 clean:
-	rm -rf $(VENV) $(LATEST_VENV) $(OLDEST_VENV) $(OLDEST_LOCAL_VENV) .tools .pytest_cache otel-graph-out
+	rm -rf $(VENV) $(LATEST_VENV) $(OLDEST_VENV) $(OLDEST_LOCAL_VENV) $(PEER_VENV) .tools .pytest_cache otel-graph-out

@@ -188,6 +188,10 @@ class Tracker:
         self._thread.start()
         stands_down(self)
 
+    @property
+    def tracer(self) -> trace.Tracer:
+        return self._tracer
+
     def _after_fork_in_child(self) -> None:
         # The parent's computes are the parent's to finish, and this thread did not come along.
         self._forked = True

@@ -4,14 +4,17 @@ The work is split so that the scheduler, every cluster's bottleneck, does next t
 nothing per task:
 
 * :mod:`.client` (client process): the ``dask.compute`` span per ``get``/``compute``/
-  ``persist``, its context put on every task as an annotation (:mod:`.propagation`),
-  and the plugins registered on the cluster;
+  ``persist``, its context sent to the scheduler ahead of the graph and handed to the
+  workers with the tasks (:mod:`.propagation`), nothing added to the graph; the
+  plugins registered on the cluster; ``distributed.span`` blocks as spans
+  (:mod:`.spans`);
 * :mod:`.worker` (each worker process): task spans, with transfer and spill phases,
   task metrics and resource readings, built off the event loop and exported by the
   worker itself;
 * :mod:`.scheduler` (scheduler process): gauges read at export time, one event per
   graph and per lost worker, and a tally per finished task (:mod:`.ledger`: what a
-  worker killed outright took with it);
+  worker killed outright took with it); each task's context handed to its worker;
+  distributed's fine performance metrics as counters (:mod:`.fine_metrics`);
 * :mod:`.adapter`: the only module that reads distributed's internals;
 * :mod:`.preload`: ``dask scheduler|worker --preload otel_graph``.
 """

@@ -13,11 +13,18 @@ the one to fix. Checked against distributed 2026.8:
   worker's own. :func:`task_run` puts them all back on the worker's clock.
 * transfers are logged with their bytes in ``worker.transfer_incoming_log``.
 * the worker's stream to the scheduler is ``worker.batched_stream`` (a ``BatchedSend``:
-  ``comm`` while connected, ``close()`` sends what it holds first).
+  ``comm`` while connected, ``close()`` sends what it holds first; ``buffer``, the list
+  of messages not yet written, replaced by a new list at every write).
+* streams: every ``Server`` dispatches stream messages by ``op`` through its
+  ``stream_handlers`` dict, in order, awaiting each; an op it has no handler for closes
+  the stream. The scheduler's stream to each worker is ``stream_comms[address]``; the
+  client's to the scheduler is ``scheduler_comm``, a new ``BatchedSend`` at each connect.
 * scheduler: ``task_prefixes[*].states`` (current counts), ``workers[*].memory`` (a
   ``MemoryState``) and ``workers[*].memory_limit``; ``SchedulerPlugin.transition``'s
   keywords for ``processing -> memory|erred`` (the worker's message: ``worker``,
-  ``startstops``), and ``tasks[key].annotations`` and ``.prefix.name``.
+  ``startstops``), ``tasks[key].processing_on`` and ``.prefix.name``; a confirmed steal
+  is the event ``("confirm", key, state, victim, thief, stimulus_id)`` on the
+  ``stealing`` topic, after the task was sent to the thief.
 * client: ``_scheduler_identity`` (``n_workers``, and ``id``, which changes when the
   client reconnects to a scheduler started anew), ``_state`` of a future, ``_started``.
 
@@ -62,7 +69,7 @@ class TaskRun(NamedTuple):
     nbytes: int
     type_name: str
     error: ErrorInfo | None
-    annotation: Any
+    note: Any  # the compute's note (:mod:`.propagation`); None for an untraced task
     retries: int
     phases: tuple[Phase, ...]
     dependencies: tuple[Any, ...]
@@ -83,7 +90,7 @@ def worker_identity(worker: Any) -> tuple[str, str]:
     return safe_text(str(getattr(worker, "address", "") or "")), "" if name is None else safe_text(str(name))
 
 
-def task_run(worker: Any, key: Any, *, annotation_name: str, address: str) -> TaskRun | None:
+def task_run(worker: Any, key: Any, *, note: Any, address: str) -> TaskRun | None:
     """Read a task that just left ``executing``; None if the worker no longer has it."""
     ts = worker.state.tasks.get(key)
     if ts is None:
@@ -117,7 +124,7 @@ def task_run(worker: Any, key: Any, *, annotation_name: str, address: str) -> Ta
         nbytes=int(ts.nbytes) if ts.nbytes is not None else -1,
         type_name=_type_name(ts.type),
         error=_error(ts) if ts.state == "error" else None,
-        annotation=annotations.get(annotation_name),
+        note=note,
         retries=int(annotations.get("retries") or 0),
         phases=tuple(phases),
         dependencies=tuple(dep.key for dep in islice(dependencies, MAX_DEPENDENCIES)),
@@ -270,18 +277,41 @@ def chain_async_start(client: Any, then: Any) -> bool:
     return True
 
 
-def current_task_annotation(*, annotation_name: str) -> Any:
-    """The annotation of the task running on this thread, when called from inside a task."""
+def current_task(*, default: Any = None) -> tuple[Any, Any] | Any:
+    """(worker, key) of the task running on this thread, when called from inside a task."""
     try:
         from distributed.worker import get_worker, thread_state
 
         key = getattr(thread_state, "key", None)
-        if key is None:
-            return None
-        ts = get_worker().state.tasks.get(key)
+        return (get_worker(), key) if key is not None else default
     except Exception:
-        return None
-    return (ts.annotations or {}).get(annotation_name) if ts is not None else None
+        return default
+
+
+def task_count(worker: Any) -> int:
+    return len(worker.state.tasks)
+
+
+def held_keys(worker: Any) -> Any:
+    """The keys of the tasks a worker holds (a live view: test membership, do not keep)."""
+    return worker.state.tasks
+
+
+def add_stream_handler(server: Any, op: str, handler: Any) -> bool:
+    """Handle ``op`` on the server's streams (``Server.stream_handlers``); an existing one stays.
+
+    True if the server now handles ``op``. A handler is never taken away: a message of an
+    op nobody handles makes the server close the stream it came on.
+    """
+    handlers = getattr(server, "stream_handlers", None)
+    if not isinstance(handlers, dict):
+        return False
+    handlers.setdefault(op, handler)
+    return True
+
+
+def handles(server: Any, op: str) -> bool:
+    return op in (getattr(server, "stream_handlers", None) or {})
 
 
 # -- scheduler ------------------------------------------------------------------------------
@@ -302,20 +332,18 @@ def task_states(scheduler: Any) -> dict[str, int]:
 class FinishedRun(NamedTuple):
     """A run the scheduler just accepted as finished (``processing -> memory|erred``)."""
 
-    note: Any  # the task's annotation of ours; None for a task without one
+    note: Any  # the compute's note (:mod:`.propagation`); None for an untraced task
     prefix: str
     start_s: float  # its compute phase, on the scheduler's clock
     stop_s: float
 
 
-def finished_run(scheduler: Any, key: Any, details: dict, *, annotation_name: str) -> FinishedRun | None:
+def finished_run(scheduler: Any, key: Any, details: dict, *, note: Any) -> FinishedRun | None:
     """From ``SchedulerPlugin.transition``'s keywords (the worker's ``task-finished`` or
     ``task-erred`` message: ``worker``, ``startstops``); None for a task the scheduler no longer has."""
     ts = scheduler.tasks.get(key)
     if ts is None:
         return None
-    annotations = getattr(ts, "annotations", None)
-    note = annotations.get(annotation_name) if annotations else None
     start = stop = None
     for entry in details.get("startstops") or ():
         if isinstance(entry, dict) and entry.get("action") == "compute":
@@ -325,6 +353,37 @@ def finished_run(scheduler: Any, key: Any, details: dict, *, annotation_name: st
 
         start = stop = time.time()
     return FinishedRun(note, str(ts.prefix.name), float(start), float(stop))
+
+
+def processing_on(scheduler: Any, key: Any) -> str | None:
+    """The address of the worker a task was sent to; None if it is not processing."""
+    ts = scheduler.tasks.get(key)
+    ws = getattr(ts, "processing_on", None) if ts is not None else None
+    return getattr(ws, "address", None)
+
+
+def worker_stream(scheduler: Any, address: str) -> Any:
+    """The scheduler's stream to a worker (a ``BatchedSend``); None once it is gone."""
+    return scheduler.stream_comms.get(address)
+
+
+def unsent(stream: Any) -> list | None:
+    """The list of messages a ``BatchedSend`` holds and has not written yet (it is swapped for
+    a new one at every write); None where that is not readable."""
+    buffer = getattr(stream, "buffer", None)
+    return buffer if isinstance(buffer, list) else None
+
+
+def stolen(msg: Any) -> tuple[Any, str] | None:
+    """(key, thief) from a ``stealing`` event of a confirmed steal; None for any other."""
+    if isinstance(msg, (tuple, list)) and len(msg) >= 5 and msg[0] == "confirm" and isinstance(msg[4], str):
+        return msg[1], msg[4]
+    return None
+
+
+def scheduler_stream(client: Any) -> Any:
+    """The client's stream to its scheduler (a new one at every reconnect); None if not connected."""
+    return getattr(client, "scheduler_comm", None)
 
 
 class WorkerMemory(NamedTuple):

@@ -9,10 +9,10 @@ opens none. A wrapped call:
 
 1. opens the ``dask.compute`` span (``dask.scheduler=distributed``), a child of the
    caller's current span, or, when called from inside a task, of that task's compute;
-2. submits the graph inside ``dask.annotate(otel_graph=...)``, which carries the span
-   context and each worker's share of the span budget to every task
-   (:mod:`.propagation`): only around ``Client._graph_to_futures``, where every call sends
-   its graph, so the collections a call builds (``persist``'s) carry none;
+2. lets the call send its graph; just before the graph's ``update-graph`` message, on
+   the same stream, the scheduler gets the compute's context and each worker's share of
+   the span budget, which it hands to the workers with the tasks (:mod:`.propagation`).
+   Nothing is added to the graph: no annotation, nothing a plugin or the dashboard sees;
 3. ends the span when the results are in: when ``get`` returns, or when the last
    future of the other calls finishes, errs, is cancelled or is dropped (watched
    without holding the futures, so dropping them still releases their work).
@@ -42,19 +42,20 @@ import logging
 import os
 import threading
 import time
+import types
 import weakref
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import CancelledError
 from typing import Any
 
-import dask
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from otel_graph.cluster import adapter
-from otel_graph.cluster.propagation import ANNOTATION, annotation, parent_span
-from otel_graph.cluster.scheduler import TOPIC, SchedulerTelemetryPlugin, join_cluster, leave_cluster
+from otel_graph.cluster.propagation import COMPUTE_OP, compute_message, current_task_note, make_note, parent_span
+from otel_graph.cluster.spans import SpanCapture, drop_own_frame, span_attributes
+from otel_graph.cluster.scheduler import TOPIC, SchedulerTelemetryPlugin, contexts_read, join_cluster, leave_cluster
 from otel_graph.cluster.worker import PLUGIN_NAME, WorkerTelemetryPlugin, flush_worker
 
 logger = logging.getLogger("otel_graph")
@@ -64,13 +65,12 @@ CLUSTER_TIMEOUT_S = 10.0
 
 #: Set while a traced call runs, so the calls it makes (``get`` -> ``gather``) are not traced again.
 _INSIDE: contextvars.ContextVar[bool] = contextvars.ContextVar("otel_graph_inside", default=False)
-#: The trace annotation of the traced call running, put on the graph it sends and nowhere else:
-#: annotating the whole call (``dask.annotate``) also annotated the collections that ``persist``
-#: builds, which warn of it (an error under ``-W error``) and keep it for later graphs.
+#: The note (:mod:`.propagation`) of the traced call running in this context: it goes
+#: ahead of the graph that call sends, and of no other.
 _NOTE: contextvars.ContextVar[str | None] = contextvars.ContextVar("otel_graph_note", default=None)
 _WRAPPED = ("get", "compute", "persist", "submit", "map")
-#: Where every one of them sends its graph (Client._graph_to_futures): annotated there.
-_SENDS = "_graph_to_futures"
+#: Every message from the client to the scheduler goes through it; a graph as "update-graph".
+_SENDS = "_send_to_scheduler"
 
 
 def _client_env() -> dict[str, str]:
@@ -124,16 +124,21 @@ def _bounded_all(works: list[Callable[[], Any]], timeout_s: float, what: str) ->
     return [(ok, value if ok else None) for ok, value in results]
 
 
-def _annotate_sent(original: Any) -> Any:
-    @functools.wraps(original)
-    def graph_to_futures(client: Any, *args: Any, **kwargs: Any) -> Any:
-        note = _NOTE.get()
-        if note is None:
-            return original(client, *args, **kwargs)
-        with dask.annotate(**{ANNOTATION: note}):
-            return original(client, *args, **kwargs)
+def _as_if_in(original: Any, wrapper: Any) -> Any:
+    """``wrapper``, run with the globals of the module ``original`` was defined in.
 
-    return graph_to_futures
+    distributed records the code that submitted a computation (``Computation.code``, shown
+    on the dashboard) by walking up the stack past frames of modules it ignores
+    (``distributed.diagnostics.computations.ignore-modules``: dask, distributed, ...), by
+    their globals' ``__name__``. A wrapper's frame is on that stack; run in distributed's
+    module it is skipped like the method it stands for, and the user's code is recorded,
+    as without otel_graph. ``wrapper`` must read nothing from this module's globals (only
+    its closure and builtins).
+    """
+    clone = types.FunctionType(wrapper.__code__, original.__globals__, wrapper.__name__, wrapper.__defaults__,
+                               wrapper.__closure__)
+    clone.__kwdefaults__ = wrapper.__kwdefaults__
+    return functools.update_wrapper(clone, original)
 
 
 class ClusterCapture:
@@ -150,25 +155,30 @@ class ClusterCapture:
         self._lock = threading.Lock()
         self._closed = False
         self._pending: set[Any] = set()  # asyncio tasks in flight: an unreferenced task may vanish
-        self._annotates_sent = True
+        #: client -> its stream to a scheduler known to read compute contexts (COMPUTE_OP).
+        self._streams: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        #: Traced calls whose graph went without its context: the scheduler could not read it.
+        self.unannounced = 0
+        #: ``distributed.span`` blocks as spans (:mod:`.spans`).
+        self._spans = SpanCapture(tracker.tracer)
 
     # -- install ---------------------------------------------------------------------------
     def install(self) -> None:
         from distributed import Client
 
-        # A distributed without it (renamed one day) gets the whole call annotated instead.
-        self._annotates_sent = _SENDS in Client.__dict__
-        for name in (*_WRAPPED, "start", *([_SENDS] if self._annotates_sent else [])):
+        for name in (*_WRAPPED, "start", _SENDS):
             original = Client.__dict__[name]
             self._originals[name] = original
-            wrap = {"start": self._wrap_start, _SENDS: _annotate_sent}.get(name)
+            wrap = {"start": self._wrap_start, _SENDS: self._wrap_send}.get(name)
             setattr(Client, name, wrap(original) if wrap is not None else self._wrap(original, name))
+        self._spans.install()
 
     def uninstall(self, *, detach: bool = True) -> None:
         """Restore the Client class; with ``detach``, also leave the clusters (see the module docs)."""
         from distributed import Client
 
         self._closed = True
+        self._spans.uninstall()
         for name, original in self._originals.items():
             setattr(Client, name, original)
         self._originals.clear()
@@ -200,16 +210,23 @@ class ClusterCapture:
             return
         if self._register:
             _bounded(lambda: self._join(client), CLUSTER_TIMEOUT_S, "registering otel_graph's plugins")
+        else:
+            self._probe(client)
         self._subscribe(client, again=reconnecting)
 
     async def attach_async(self, client: Any, *, claimed: bool = False, again: bool = False) -> None:
         if not claimed and not self._claim(client):
             return
-        if self._register:
-            try:
+        try:
+            if self._register:
                 await asyncio.wait_for(self._join_async(client), CLUSTER_TIMEOUT_S)
-            except Exception as exc:
-                logger.warning("otel_graph: registering otel_graph's plugins failed: %s", type(exc).__name__)
+            else:
+                stream = adapter.scheduler_stream(client)
+                answer = await asyncio.wait_for(client.run_on_scheduler(contexts_read), CLUSTER_TIMEOUT_S)
+                if answer == COMPUTE_OP and stream is not None and adapter.scheduler_stream(client) is stream:
+                    self._streams[client] = stream
+        except Exception as exc:
+            logger.warning("otel_graph: registering otel_graph's plugins failed: %s", type(exc).__name__)
         self._subscribe(client, again=again)
 
     def _keep(self, task: Any) -> None:
@@ -255,20 +272,40 @@ class ClusterCapture:
         # The plugins are idempotent: a cluster that has them (another client) keeps them as
         # they are, instead of every new client tearing them down and setting them up.
         # A second round covers the last other client taking them off in between.
+        stream = adapter.scheduler_stream(client)
         for _ in range(2):
             if self._closed:  # uninstrumented while this waited on the cluster
                 return
             for plugin in self._plugins():
                 client.register_plugin(plugin, name=PLUGIN_NAME)
-            if client.run_on_scheduler(join_cluster, client_id=client.id):
+            if self._joined(client, stream, client.run_on_scheduler(join_cluster, client_id=client.id)):
                 return
 
     async def _join_async(self, client: Any) -> None:
+        stream = adapter.scheduler_stream(client)
         for _ in range(2):
             for plugin in self._plugins():
                 await client.register_plugin(plugin, name=PLUGIN_NAME)
-            if await client.run_on_scheduler(join_cluster, client_id=client.id):
+            if self._joined(client, stream, await client.run_on_scheduler(join_cluster, client_id=client.id)):
                 return
+
+    def _joined(self, client: Any, stream: Any, answer: Any) -> bool:
+        """Read :func:`join_cluster`'s answer: True if the client is in. Where the scheduler
+        reads compute contexts, graphs sent on ``stream`` (the connection the client had
+        before asking, and still has) carry theirs."""
+        if not isinstance(answer, dict) or not answer.get("clients"):
+            return False
+        if answer.get("contexts") == COMPUTE_OP and stream is not None and adapter.scheduler_stream(client) is stream:
+            self._streams[client] = stream
+        return True
+
+    def _probe(self, client: Any) -> None:
+        """A client that registers nothing (inside a worker) asks whether the scheduler reads contexts."""
+        stream = adapter.scheduler_stream(client)
+        done, answer = _bounded(lambda: client.run_on_scheduler(contexts_read), CLUSTER_TIMEOUT_S,
+                                "asking the scheduler about trace contexts")
+        if done and answer == COMPUTE_OP and stream is not None and adapter.scheduler_stream(client) is stream:
+            self._streams[client] = stream
 
     def _leave(self, client: Any) -> Callable[[], Any] | None:
         """Stop listening to ``client``'s cluster; the blocking call that takes the plugins off, if any."""
@@ -424,49 +461,98 @@ class ClusterCapture:
 
         return start
 
-    def _wrap(self, original: Any, kind: str) -> Any:
+    def _wrap_send(self, original: Any) -> Any:
         capture = self
 
         @functools.wraps(original)
+        def send(client: Any, msg: Any) -> Any:
+            note = _NOTE.get()
+            if note is not None and type(msg) is dict and msg.get("op") == "update-graph":
+                capture._announce(client, note, msg)
+            return original(client, msg)
+
+        return send
+
+    def _announce(self, client: Any, note: str, graph: dict) -> None:
+        """Queue the compute's context on the client's loop just ahead of the graph's message
+        (``_send_to_scheduler`` queues that next, and the loop runs them in order)."""
+        try:
+            stream = self._streams.get(client)
+            if stream is None or adapter.scheduler_stream(client) is not stream:
+                self.unannounced += 1
+                return
+            message = compute_message(note, graph.get("keys") or ())
+
+            def send() -> None:
+                # Only on the connection the scheduler said it reads them on: a new
+                # scheduler without our plugin would close the stream on an unknown op.
+                if adapter.scheduler_stream(client) is stream:
+                    stream.send(message)
+
+            client.loop.add_callback(send)
+        except Exception:
+            self.unannounced += 1
+            logger.debug("otel_graph: could not send a compute's context", exc_info=True)
+
+    def _wrap(self, original: Any, kind: str) -> Any:
+        # Run in distributed's module (_as_if_in), so it reads no global of ours: all it
+        # needs comes through the closure.
+        inside, enter, failed, returned = _INSIDE, self._enter, self._failed, self._returned
+        drop_frame = drop_own_frame
+
         def traced(client: Any, *args: Any, **kwargs: Any) -> Any:
-            if _INSIDE.get():
+            if inside.get():
                 return original(client, *args, **kwargs)
-            return capture._traced(original, kind, client, args, kwargs)
+            call = enter(client)
+            if call is None:
+                return original(client, *args, **kwargs)
+            try:
+                result = original(client, *args, **kwargs)
+            except BaseException as exc:
+                failed(call, exc)
+                drop_frame(exc)
+                raise
+            return returned(call, kind, client, kwargs, result)
 
-        return traced
+        return _as_if_in(original, traced)
 
-    def _traced(self, original: Any, kind: str, client: Any, args: tuple, kwargs: dict) -> Any:
+    def _enter(self, client: Any) -> tuple[Any, Any, Any] | None:
+        """Open the call's compute span; (record, tokens...) or None when it cannot be traced."""
         record = None
         try:
             self._follow_scheduler(client)
             self.attach(client)
             record = self._begin()
             record.cluster = adapter.scheduler_address(client)
+            named = span_attributes()  # the distributed span it is submitted in
+            if named:
+                record.span.set_attributes(named)
             budget = self._settings.max_task_spans
             if budget is not None:
                 budget = -(-budget // adapter.client_worker_count(client))
-            note = annotation(record.span.get_span_context(), budget=budget)
+            note = make_note(record.span.get_span_context(), budget=budget)
         except Exception:
             if record is not None:
                 self._tracker.end(record, None)
-                record = None
             self._tracker.failed_to_begin()
             logger.debug("otel_graph: could not open a distributed compute span", exc_info=True)
-        if record is None:
-            return original(client, *args, **kwargs)
-        token, noted = _INSIDE.set(True), _NOTE.set(note)
+            return None
+        return record, _INSIDE.set(True), _NOTE.set(note)
+
+    def _exit(self, call: tuple[Any, Any, Any]) -> Any:
+        record, inside, noted = call
+        _NOTE.reset(noted)
+        _INSIDE.reset(inside)
+        return record
+
+    def _failed(self, call: tuple[Any, Any, Any], exc: BaseException) -> None:
         try:
-            if self._annotates_sent:
-                result = original(client, *args, **kwargs)
-            else:
-                with dask.annotate(**{ANNOTATION: note}):
-                    result = original(client, *args, **kwargs)
-        except BaseException as exc:
-            self._tracker.end(record, exc)
-            raise
-        finally:
-            _NOTE.reset(noted)
-            _INSIDE.reset(token)
+            self._tracker.end(self._exit(call), exc)
+        except Exception:
+            logger.debug("otel_graph: could not end a failed compute's span", exc_info=True)
+
+    def _returned(self, call: tuple[Any, Any, Any], kind: str, client: Any, kwargs: dict, result: Any) -> Any:
+        record = self._exit(call)
         try:
             returns_results = (kind == "get" and kwargs.get("sync", True)) or (kind == "compute" and kwargs.get("sync"))
             if returns_results and inspect.isawaitable(result):
@@ -482,7 +568,7 @@ class ClusterCapture:
 
     def _begin(self) -> Any:
         current = trace.get_current_span()
-        inside = parent_span(adapter.current_task_annotation(annotation_name=ANNOTATION))
+        inside = parent_span(current_task_note())
         # Inside a task, nest under the task's compute, unless the task's own code opened a
         # span of that trace. A thread of an in-process worker may carry an unrelated
         # context (wherever the cluster was started), which must not win.

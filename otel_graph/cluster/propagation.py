@@ -1,46 +1,64 @@
 """How a compute's trace context travels from the client to every task on every worker.
 
-The client opens the ``dask.compute`` span, then submits the graph inside
-``dask.annotate(otel_graph=...)``. distributed applies such call-time annotations on the
-scheduler, to every task of the update, after the client has optimised and fused the
-graph, so fusion cannot lose it; the scheduler sends each task's annotations to the
-worker that runs it. The annotation is one short string:
+Nothing of it is visible to Dask: no task annotation, no change to the graph, to
+``Computation`` records or to what other plugins receive. It travels on distributed's own
+ordered streams, in messages of otel_graph's own, and only to processes that said they
+read them (a stream message nobody handles would close the connection):
+
+1. **client -> scheduler**, just before the ``update-graph`` message that sends a traced
+   call's graph, on the same stream: ``{"op": COMPUTE_OP, "note": ..., "sample": key}``.
+   The scheduler handles its client streams in order, so the next ``update_graph`` from
+   that client is the compute's; ``sample`` (one of the graph's output keys) guards
+   against a graph the scheduler refused before its plugins saw it.
+2. **on the scheduler**, :class:`Routes` gives every task the update brought, and had no
+   note yet, the compute's note (one shared string: a dict entry a task), and drops it
+   when the task is forgotten.
+3. **scheduler -> worker**: when a task is sent to a worker (``-> processing``, or a
+   steal the thief confirmed), the worker's stream gets ``{"op": TASKS_OP, "note": ...,
+   "keys": [...]}`` ahead of the ``compute-task`` messages of the same step: one message
+   per worker, compute and scheduler step. The worker keeps each task's note until the
+   task has run (:func:`take_note`); the scheduler sends it again with every new run.
+
+A note is one short string:
 
 ``<traceparent>;<budget>``
     the W3C trace context of the compute span (``00-<trace id>-<span id>-<flags>``),
     then the task spans each worker may emit for this compute (the compute's budget
     shared between the workers); without ``;<budget>``, unlimited.
 
-Every task carries its own decoded copy on the scheduler and on its worker, for as long
-as they hold the task: as a string it costs ~110 B a task, where the dict of earlier
-versions cost ~320 B (6 MB on a worker holding 20,000 results). Such a dict is still
-read, from a client of an earlier version.
-
 >>> from opentelemetry.trace import SpanContext, TraceFlags
 >>> ctx = SpanContext(0x1F, 0x2A, is_remote=False, trace_flags=TraceFlags(1))
->>> note = annotation(ctx, budget=10)
+>>> note = make_note(ctx, budget=10)
 >>> note
 '00-0000000000000000000000000000001f-000000000000002a-01;10'
->>> parent_context(note).span_id == 0x2A, budget_of(note), budget_of(annotation(ctx, budget=None))
+>>> parent_context(note).span_id == 0x2A, budget_of(note), budget_of(make_note(ctx, budget=None))
 (True, 10, None)
 >>> parent_context("garbage") is None, budget_of(note.partition(";")[0] + ";" + "9" * 5000)
 (True, None)
->>> budget_of({"traceparent": note.partition(";")[0], "budget": 3})  # an earlier client's dict
-3
 """
 
 from __future__ import annotations
 
+import logging
+import weakref
 from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.trace import SpanContext, TraceFlags
 
-#: The annotation name on every task of a traced compute.
-ANNOTATION = "otel_graph"
+from otel_graph.cluster import adapter
+
+logger = logging.getLogger("otel_graph")
+
+#: Client -> scheduler: the note of the graph that follows on the same stream.
+COMPUTE_OP = "otel-graph-compute"
+#: Scheduler -> worker: the note of tasks sent to that worker.
+TASKS_OP = "otel-graph-tasks"
+#: Clients whose next graph has not arrived, at most (a client that vanished mid-send).
+_MAX_EXPECTED = 4096
 
 
-def annotation(context: SpanContext, *, budget: int | None) -> str:
+def make_note(context: SpanContext, *, budget: int | None) -> str:
     flags = int(context.trace_flags)
     traceparent = f"00-{context.trace_id:032x}-{context.span_id:016x}-{flags:02x}"
     return traceparent if budget is None else f"{traceparent};{budget}"
@@ -50,13 +68,11 @@ def _parts(note: Any) -> tuple[Any, Any]:
     if isinstance(note, str):
         traceparent, _, budget = note.partition(";")
         return traceparent, budget
-    if isinstance(note, dict):  # a client of an earlier version
-        return note.get("traceparent"), note.get("budget")
     return None, None
 
 
 def traceparent_of(note: Any) -> str | None:
-    """The compute span's W3C traceparent as a task's annotation carries it; None if not ours."""
+    """The compute span's W3C traceparent in a note; None if it is not one."""
     traceparent = _parts(note)[0]
     return traceparent if isinstance(traceparent, str) and traceparent else None
 
@@ -66,12 +82,12 @@ def budget_of(note: Any) -> int | None:
     budget = _parts(note)[1]
     # Bounded: int() refuses a decimal string of over 4,300 digits (a ValueError here).
     if isinstance(budget, str) and budget.isdigit() and budget.isascii() and len(budget) <= 18:
-        budget = int(budget)
-    return budget if isinstance(budget, int) and budget >= 0 else None
+        return int(budget)
+    return None
 
 
 def parent_context(note: Any) -> SpanContext | None:
-    """The compute span's context from a task's annotation; None when it is not ours or malformed."""
+    """The compute span's context from a note; None when it is not one or malformed."""
     parts = (traceparent_of(note) or "").split("-")
     if len(parts) != 4 or len(parts[1]) != 32 or len(parts[2]) != 16:
         return None
@@ -87,6 +103,157 @@ def parent_context(note: Any) -> SpanContext | None:
 def parent_span(note: Any) -> trace.Span | None:
     context = parent_context(note)
     return trace.NonRecordingSpan(context) if context is not None else None
+
+
+# -- client -------------------------------------------------------------------------------
+def compute_message(note: str, keys: Any) -> dict[str, Any]:
+    """What the client sends just before the ``update-graph`` message whose ``keys`` these are."""
+    return {"op": COMPUTE_OP, "note": note, "sample": next(iter(keys), None)}
+
+
+# -- scheduler ----------------------------------------------------------------------------
+class Routes:
+    """The scheduler's side: which note each task has, and handing it to the task's worker."""
+
+    def __init__(self) -> None:
+        #: client id -> (sample key, note) of the graph it sends next.
+        self._expected: dict[str, tuple[Any, str]] = {}
+        #: task key -> note, from the update that brought the task until it is forgotten.
+        self.notes: dict[Any, str] = {}
+        #: Workers that read TASKS_OP (our worker plugin is set up there).
+        self.ready: set[str] = set()
+        #: worker -> (stimulus id, note, stream buffer, keys): the message of this step, still unsent.
+        self._open: dict[str, tuple[str, str, Any, list]] = {}
+        self.handed = 0  # task notes handed to workers
+        self.unready = 0  # tasks of a traced compute sent to a worker that cannot read them
+
+    def expect(self, client: str, note: Any, sample: Any) -> None:
+        if not isinstance(note, str) or traceparent_of(note) is None:
+            return
+        self._expected.pop(client, None)
+        self._expected[client] = (sample, note)
+        if len(self._expected) > _MAX_EXPECTED:
+            self._expected.pop(next(iter(self._expected)))
+
+    def claim(self, client: str, keys: Any, tasks: Any) -> str | None:
+        """The note of this update from ``client``, given to its tasks that have none; None if untraced."""
+        expected = self._expected.pop(client, None)  # for this update or none: never a later one
+        if expected is None:
+            return None
+        sample, note = expected
+        try:
+            if sample is not None and sample not in keys:
+                return None  # the graph it announced was refused before plugins saw it
+        except TypeError:
+            return None
+        notes = self.notes
+        for key in tasks:
+            if key not in notes:
+                notes[key] = note
+        return note
+
+    def forget(self, key: Any) -> None:
+        self.notes.pop(key, None)
+
+    def hand_over(self, scheduler: Any, key: Any, stimulus_id: str) -> None:
+        """Send the task's note to the worker it was just sent to (its stream, ahead of the task)."""
+        note = self.notes.get(key)
+        if note is None:
+            return
+        address = adapter.processing_on(scheduler, key)
+        if address is None:
+            return
+        if address not in self.ready:
+            self.unready += 1
+            return
+        stream = adapter.worker_stream(scheduler, address)
+        if stream is None:
+            return
+        buffer = adapter.unsent(stream)
+        slot = self._open.get(address)
+        # Same step, same compute, and the message not yet written: one more key in it.
+        if slot is not None and buffer is not None and slot[2] is buffer and slot[0] == stimulus_id \
+                and slot[1] is note:
+            slot[3].append(key)
+        else:
+            keys = [key]
+            stream.send({"op": TASKS_OP, "note": note, "keys": keys})
+            self._open[address] = (stimulus_id, note, buffer, keys)
+        self.handed += 1
+
+    def worker_gone(self, address: str) -> None:
+        self.ready.discard(address)
+        self._open.pop(address, None)
+
+
+def on_compute(scheduler_ref: weakref.ref, plugin_name: str) -> Any:
+    """The scheduler's handler of COMPUTE_OP (left in place: a client may still send one)."""
+
+    def handle(client: str = "", note: Any = None, sample: Any = None, **_: Any) -> None:
+        scheduler = scheduler_ref()
+        plugin = scheduler.plugins.get(plugin_name) if scheduler is not None else None
+        routes = getattr(plugin, "routes", None)
+        if isinstance(routes, Routes) and client:
+            routes.expect(str(client), note, sample)
+
+    return handle
+
+
+# -- worker -------------------------------------------------------------------------------
+#: worker -> {task key: note}, for the tasks the worker holds.
+_WORKER_NOTES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def listen_on_worker(worker: Any) -> None:
+    """Read TASKS_OP on ``worker``'s stream from now on (idempotent; never removed)."""
+    if worker in _WORKER_NOTES:
+        return
+    notes: dict[Any, str] = {}
+    _WORKER_NOTES[worker] = notes
+    worker_ref = weakref.ref(worker)
+
+    def handle(note: Any = None, keys: Any = (), **_: Any) -> None:
+        if not isinstance(note, str):
+            return
+        try:
+            worker = worker_ref()
+            if worker is not None and len(notes) > 2 * adapter.task_count(worker) + 10_000:
+                _prune(worker, notes)  # before these keys: their tasks come after this message
+            for key in keys:
+                notes[key] = note
+        except Exception:  # a malformed message costs its notes, never the worker's stream
+            logger.debug("otel_graph: unreadable task notes", exc_info=True)
+
+    adapter.add_stream_handler(worker, TASKS_OP, handle)
+
+
+def _prune(worker: Any, notes: dict[Any, str]) -> None:
+    """Drop notes of tasks the worker no longer holds: tasks released before they ran.
+
+    Not when the worker forgets a task: a note handed over for a task's next run can reach
+    the worker ahead of the message that frees the task's last one (the scheduler sends
+    notes as it decides, its other messages at the end of the step).
+    """
+    held = adapter.held_keys(worker)
+    for key in [key for key in notes if key not in held]:
+        del notes[key]
+
+
+def note_of(worker: Any, key: Any) -> str | None:
+    notes = _WORKER_NOTES.get(worker)
+    return notes.get(key) if notes is not None else None
+
+
+def take_note(worker: Any, key: Any) -> str | None:
+    """The note of a task that just ran, which the worker keeps no longer."""
+    notes = _WORKER_NOTES.get(worker)
+    return notes.pop(key, None) if notes else None
+
+
+def current_task_note() -> str | None:
+    """The note of the task running on this thread, when called from inside a task."""
+    found = adapter.current_task(default=None)
+    return note_of(*found) if found is not None else None
 
 
 def seal_env(env: dict[str, str]) -> bytes:

@@ -15,6 +15,9 @@ runs per task. :class:`SchedulerTelemetryPlugin` does these things:
   ``dask.worker.memory.limit`` ``By``      ``dask.worker.id``, ``dask.worker.name``
   ===========================  ==========  ============================================
 
+* **Each task's trace context**, from the note a client sent ahead of its graph, handed
+  to the worker the task is sent to (:class:`.propagation.Routes`: a dict entry a task,
+  and one message per worker and scheduler step).
 * **Per graph update**, one event to subscribed clients with the number of tasks the
   update brought, for the compute span's ``dask.graph.tasks``.
 * **Per worker removed**, one event, so that open compute spans can say which worker
@@ -44,7 +47,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from otel_graph.cluster import adapter, ledger
-from otel_graph.cluster.propagation import ANNOTATION, seal_env, traceparent_of, unseal_env
+from otel_graph.cluster.propagation import COMPUTE_OP, Routes, on_compute, seal_env, traceparent_of, unseal_env
 from otel_graph.events import OTHER_PREFIXES
 
 logger = logging.getLogger("otel_graph")
@@ -142,12 +145,15 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
         self._sessions: dict[str, int] = {}
         self._owners: OrderedDict[str, str] = OrderedDict()  # traceparent -> the client that submitted it
         self._scheduler: Any = None
+        #: Each task's trace context, and its way to the task's worker (:mod:`.propagation`).
+        self.routes = Routes()
 
     def __repr__(self) -> str:  # the client's environment may hold exporter credentials
         return "SchedulerTelemetryPlugin()"
 
     async def start(self, scheduler: Any) -> None:  # the scheduler gathers its plugins' starts: async only
         self._scheduler = scheduler
+        adapter.add_stream_handler(scheduler, COMPUTE_OP, on_compute(weakref.ref(scheduler), PLUGIN_NAME))
         try:
             from otel_graph.cluster.worker import adopt_client_env
 
@@ -174,12 +180,14 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
         if scheduler is not None:
             _SCHEDULERS.pop(scheduler, None)
 
-    def update_graph(self, scheduler: Any, *, client: str = "", tasks: Any = (), annotations: Any = None,
+    def update_graph(self, scheduler: Any, *, client: str = "", keys: Any = (), tasks: Any = (),
                      **kwargs: Any) -> None:
-        ours = (annotations or {}).get(ANNOTATION)
-        if not ours:
+        try:
+            note = self.routes.claim(str(client), keys, tasks)
+        except Exception:  # a changed internal costs the trace, never the scheduler
+            logger.debug("otel_graph: could not read a graph update", exc_info=True)
             return
-        traceparent = traceparent_of(next(iter(ours.values()), None))
+        traceparent = traceparent_of(note)
         if traceparent is not None:
             self._owners[traceparent] = str(client)
             self._owners.move_to_end(traceparent)
@@ -188,14 +196,29 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
             scheduler.log_event(TOPIC, {"op": "graph", "traceparent": traceparent,
                                         "tasks": len(tasks), "client": str(client)})
 
+    def add_worker(self, scheduler: Any, worker: str) -> None:
+        # It gets our worker plugin with its registration, set up before it reads its stream.
+        if PLUGIN_NAME in getattr(scheduler, "worker_plugins", {}):
+            self.routes.ready.add(worker)
+
     def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+        if finish == "processing":
+            if self.routes.notes and self._scheduler is not None:
+                try:
+                    self.routes.hand_over(self._scheduler, key, str(kwargs.get("stimulus_id", "")))
+                except Exception:  # a changed internal costs the trace, never the scheduler
+                    logger.debug("otel_graph: could not hand a task's context over", exc_info=True)
+            return
+        if finish == "forgotten":
+            self.routes.forget(key)
+            return
         if start != "processing" or (finish != "memory" and finish != "erred"):
             return
         worker = kwargs.get("worker")
         if worker is None or self._scheduler is None or not self._ledger.keeps(worker):
             return
         try:
-            run = adapter.finished_run(self._scheduler, key, kwargs, annotation_name=ANNOTATION)
+            run = adapter.finished_run(self._scheduler, key, kwargs, note=self.routes.notes.get(key))
             if run is None:
                 return
             failed = finish == "erred"
@@ -209,6 +232,15 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
             return
 
     def log_event(self, topic: str, msg: Any) -> None:
+        if topic == "stealing":
+            # A steal the thief confirmed sends the task there outside any transition.
+            stolen = adapter.stolen(msg)
+            if stolen is not None and self._scheduler is not None and stolen[0] in self.routes.notes:
+                try:
+                    self.routes.hand_over(self._scheduler, stolen[0], str(msg[-1]))
+                except Exception:
+                    logger.debug("otel_graph: could not hand a stolen task's context over", exc_info=True)
+            return
         if topic != ledger.TOPIC or not isinstance(msg, dict):
             return
         worker = msg.get("worker")
@@ -252,6 +284,7 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
         self._ledger.forget(str(worker))
         self._runs.forget(str(worker))
         self._sessions.pop(str(worker), None)
+        self.routes.worker_gone(str(worker))
         # Task metrics are not per compute: one instrumented client records the lost runs.
         recorder = min(self.clients) if self.clients else ""
         scheduler.log_event(TOPIC, {"op": "worker-lost", "worker": str(worker), "time": time.time(),
@@ -278,12 +311,30 @@ def _our_plugin(dask_scheduler: Any) -> Any:
     return plugin if hasattr(plugin, "clients") else None
 
 
-def join_cluster(dask_scheduler: Any = None, client_id: str = "") -> int:
-    """Run on the scheduler (``Client.run_on_scheduler``) by a client that instruments it."""
+def join_cluster(dask_scheduler: Any = None, client_id: str = "") -> dict[str, Any]:
+    """Run on the scheduler (``Client.run_on_scheduler``) by a client that instruments it,
+    once it has registered the plugins.
+
+    Every worker connected now has our worker plugin (registering it waited for each to
+    set it up, or it was already there): they all read task contexts from here on.
+    ``clients``: the instrumented clients using the cluster (0: our plugin is not there);
+    ``contexts``: the op the client sends a graph's context with, if the scheduler reads it.
+    """
     plugin = _our_plugin(dask_scheduler)
-    if plugin is not None:
-        plugin.clients.add(client_id)
-    return len(plugin.clients) if plugin is not None else 0
+    if plugin is None:
+        return {"clients": 0, "contexts": None}
+    plugin.clients.add(client_id)
+    if PLUGIN_NAME in getattr(dask_scheduler, "worker_plugins", {}):
+        plugin.routes.ready.update(dask_scheduler.workers)
+    contexts = COMPUTE_OP if adapter.handles(dask_scheduler, COMPUTE_OP) else None
+    return {"clients": len(plugin.clients), "contexts": contexts}
+
+
+def contexts_read(dask_scheduler: Any = None) -> str | None:
+    """Run on the scheduler by a client that registers nothing (inside a worker): the op
+    the scheduler reads compute contexts on, or None where it does not."""
+    plugin = _our_plugin(dask_scheduler)
+    return COMPUTE_OP if plugin is not None and adapter.handles(dask_scheduler, COMPUTE_OP) else None
 
 
 async def leave_cluster(dask_scheduler: Any = None, client_id: str = "") -> bool:

@@ -14,7 +14,7 @@ worker killed outright takes with it is still counted.
 Spans
 -----
 A task span is the ``compute`` phase, on the worker's clock, under the ``dask.compute``
-span whose context came with the task's annotation (:mod:`.propagation`). It carries
+span whose context the scheduler handed the worker with the task (:mod:`.propagation`). It carries
 the core task attributes, with ``dask.worker.id`` the worker's address, plus
 ``dask.worker.name``. ``transfer`` (inputs gathered from other workers, with
 ``dask.transfer.source`` and ``dask.transfer.bytes``), ``disk-read`` and ``disk-write``
@@ -51,7 +51,15 @@ from opentelemetry import trace
 from opentelemetry.metrics import Observation
 
 from otel_graph.cluster import adapter, ledger
-from otel_graph.cluster.propagation import ANNOTATION, budget_of, parent_span, seal_env, traceparent_of, unseal_env
+from otel_graph.cluster.propagation import (
+    budget_of,
+    listen_on_worker,
+    parent_span,
+    seal_env,
+    take_note,
+    traceparent_of,
+    unseal_env,
+)
 from otel_graph.config import exit_timeout
 from otel_graph.events import task_prefix
 from otel_graph.policy import Aggregate, SpanPlan
@@ -164,7 +172,7 @@ class WorkerTelemetry:
         if self._closing:  # closed while a plugin still points here: nothing will drain it
             return
         try:
-            run = adapter.task_run(worker, key, annotation_name=ANNOTATION, address=self.address)
+            run = adapter.task_run(worker, key, note=take_note(worker, key), address=self.address)
         except Exception:  # a changed internal must cost telemetry, never the worker
             self.record_errors += 1
             return
@@ -303,14 +311,14 @@ class WorkerTelemetry:
             self._metrics.record_tasks(events, prefixes, "distributed")
             by_trace: dict[str, tuple[list[adapter.TaskRun], list[str]]] = {}
             for ev, prefix in zip(events, prefixes):
-                traceparent = traceparent_of(ev.annotation)
+                traceparent = traceparent_of(ev.note)
                 if traceparent is None:
                     continue
                 group = by_trace.setdefault(traceparent, ([], []))
                 group[0].append(ev)
                 group[1].append(prefix)
             for traceparent, (group, group_prefixes) in by_trace.items():
-                state = self._trace(traceparent, group[0].annotation)
+                state = self._trace(traceparent, group[0].note)
                 if state is not None and state.parent.get_span_context().trace_flags.sampled:
                     state.dirty, state.last_seen = True, now
                     if state.number_attempts(group):
@@ -461,7 +469,7 @@ def _report_deliveries() -> None:
 def _trace_nested_computes(providers: Any, settings: Any) -> None:
     """In a worker process, trace computes that tasks start (``get_client().compute(...)``).
 
-    They nest under the running task's compute (its annotation says which): without
+    They nest under the running task's compute (its note says which): without
     this, a nested compute would carry no trace context and its tasks no spans. Where
     the process is already instrumented (an in-process cluster), that covers it.
     """
@@ -749,6 +757,10 @@ class WorkerTelemetryPlugin(WorkerPlugin):
 
     def setup(self, worker: Any) -> None:
         self._worker = worker
+        try:  # first: the scheduler counts this worker as reading task contexts once set up
+            listen_on_worker(worker)
+        except Exception:
+            logger.debug("otel_graph: cannot read task contexts on this worker", exc_info=True)
         try:
             self._telemetry = _start(worker, unseal_env(self._sealed_env))
         except Exception as exc:

@@ -1,0 +1,162 @@
+"""distributed's spans as OpenTelemetry spans.
+
+``with distributed.span("load"):`` is how Dask users name a part of their work:
+distributed files every task submitted inside the block under that span (the dashboard's
+*Fine Performance Metrics* are broken down by it). With otel_graph installed, the block is
+also an OpenTelemetry span, current for the block, so that everything inside it nests
+under it: the computes it submits (and the task spans under them), the spans the user's
+own code opens, and the distributed spans nested in it::
+
+    etl                      (dask.span.name="etl")
+    └─ load                  (dask.span.name="etl/load")
+       └─ dask.compute
+          └─ read-csv ...    (task spans)
+
+Each is named by its tag, with the attributes ``dask.span.name`` (the tags from the
+outermost span, joined by ``/``, as the fine performance metrics name it) and
+``dask.span.id`` (distributed's id of it, the key of its ``Span`` on the scheduler). A
+block that raises ends its span with an error status and ``error.type``.
+
+:func:`install` replaces ``distributed.span`` (and ``distributed.spans.span``) with a
+function that returns distributed's own context manager wrapped in a small class: same
+arguments, same value from ``with ... as``, same errors, and the same traceback (a class,
+not a generator, so a user's exception passes through distributed's frames only). A
+reference taken before otel_graph was installed (``from distributed import span`` run
+earlier) keeps distributed's own function, as does ``dask.annotate(span=...)``: computes
+under those still say which span they belong to (:func:`span_attributes`, on the compute
+span), without a span of their own.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Status, StatusCode
+
+logger = logging.getLogger("otel_graph")
+
+#: Where distributed defines it, and where it is re-exported.
+_PLACES = ("distributed.spans", "distributed")
+
+
+def span_name(tags: Any) -> str | None:
+    """``("etl", "load")`` -> ``"etl/load"``; None for anything else."""
+    if isinstance(tags, (tuple, list)) and tags and all(isinstance(tag, str) for tag in tags):
+        return "/".join(tags)
+    return None
+
+
+def span_attributes() -> dict[str, str]:
+    """The distributed span this thread is in (``dask.get_annotations()["span"]``), as
+    attributes; empty outside any."""
+    try:
+        import dask
+
+        annotation = dask.get_annotations().get("span")
+        name = span_name(annotation.get("name")) if isinstance(annotation, dict) else None
+        ids = annotation.get("ids") if name is not None else None
+        if name is None or not isinstance(ids, (tuple, list)) or not ids:
+            return {}
+        return {"dask.span.name": name, "dask.span.id": str(ids[-1])}
+    except Exception:
+        return {}
+
+
+def drop_own_frame(exc: BaseException) -> None:
+    """Take the frame of the wrapper handling ``exc`` (the first) off its traceback, so that
+    the user's traceback is the one they would have seen without otel_graph. A bare
+    ``raise`` then re-raises it without adding the frame back (Python 3.11 and later; on
+    3.10 the frame stays)."""
+    tb = exc.__traceback__
+    if tb is not None and tb.tb_next is not None:
+        exc.__traceback__ = tb.tb_next
+
+
+class _Traced:
+    """distributed's context manager for one ``span(*tags)`` call, and its OTel spans."""
+
+    __slots__ = ("_inner", "_tracer", "_levels", "_opened")
+
+    def __init__(self, inner: Any, tracer: trace.Tracer, levels: int) -> None:
+        self._inner = inner
+        self._tracer = tracer
+        self._levels = levels  # span("a", "b") opens two nested spans
+        self._opened: list[tuple[trace.Span, object]] = []
+
+    def __enter__(self) -> Any:
+        try:
+            value = self._inner.__enter__()
+        except BaseException as exc:  # distributed's errors are the user's, as they are
+            drop_own_frame(exc)
+            raise
+        try:
+            self._open()
+        except Exception:
+            logger.debug("otel_graph: could not open a span for a distributed span", exc_info=True)
+        return value
+
+    def _open(self) -> None:
+        import dask
+
+        annotation = dask.get_annotations().get("span") or {}
+        tags, ids = tuple(annotation.get("name", ())), tuple(annotation.get("ids", ()))
+        if len(tags) != len(ids) or len(tags) < self._levels or span_name(tags) is None:
+            return
+        for depth in range(len(tags) - self._levels + 1, len(tags) + 1):
+            span = self._tracer.start_span(tags[depth - 1], attributes={
+                "dask.span.name": "/".join(tags[:depth]), "dask.span.id": str(ids[depth - 1])})
+            token = otel_context.attach(trace.set_span_in_context(span))
+            self._opened.append((span, token))
+
+    def __exit__(self, kind: Any, error: Any, traceback: Any) -> Any:
+        try:
+            while self._opened:
+                span, token = self._opened.pop()
+                if error is not None:
+                    span.set_attribute("error.type", type(error).__qualname__)
+                    span.set_status(Status(StatusCode.ERROR, type(error).__qualname__))
+                span.end()
+                try:
+                    otel_context.detach(token)
+                except Exception:  # left in another context than it was entered in
+                    pass
+        except Exception:
+            logger.debug("otel_graph: could not end a distributed span's span", exc_info=True)
+        return self._inner.__exit__(kind, error, traceback)
+
+
+class SpanCapture:
+    """Puts :func:`span` in distributed's place, and takes it back out."""
+
+    def __init__(self, tracer: trace.Tracer) -> None:
+        self._tracer = tracer
+        self._original: Any = None
+        self._replaced: list[Any] = []
+
+    def install(self) -> None:
+        import importlib
+
+        modules = [importlib.import_module(name) for name in _PLACES]
+        original = getattr(modules[0], "span", None)
+        if not callable(original):
+            return  # a distributed without spans
+        tracer = self._tracer
+
+        def span(*tags: str) -> Any:
+            return _Traced(original(*tags), tracer, len(tags))
+
+        span.__name__, span.__qualname__, span.__doc__ = "span", "span", original.__doc__
+        span.__module__, span.__wrapped__ = original.__module__, original  # type: ignore[attr-defined]
+        self._original = original
+        for module in modules:
+            if getattr(module, "span", None) is original:
+                module.span = span
+                self._replaced.append(module)
+
+    def uninstall(self) -> None:
+        for module in self._replaced:
+            module.span = self._original
+        self._replaced.clear()

@@ -1,0 +1,132 @@
+"""distributed's spans (``with distributed.span(...)``) as OTel spans, and what Dask itself
+shows staying as it is: no annotation of ours, the user's code in ``Computation.code``,
+and the user's tracebacks."""
+
+from __future__ import annotations
+
+import sys
+import traceback
+
+import pytest
+
+distributed = pytest.importorskip("distributed")
+# The in-process cluster and its client, shared with those tests.
+from test_distributed_inprocess import client, cluster, wait_until  # noqa: E402,F401
+
+
+def inc(x: int) -> int:
+    return x + 1
+
+
+def named(telemetry, name: str) -> list:
+    return [s for s in telemetry.spans() if s.name == name]
+
+
+def test_a_distributed_span_is_a_span_with_its_computes_and_tasks_under_it(telemetry, client):
+    with distributed.span("etl") as etl_id:
+        with distributed.span("load") as load_id:
+            assert client.submit(inc, 1).result() == 2
+            futures = client.map(inc, range(5))
+            assert client.gather(futures) == [1, 2, 3, 4, 5]
+        assert client.get({"x": (inc, 10)}, "x") == 11
+    computes = telemetry.roots()
+    assert wait_until(lambda: sum(len(telemetry.children(c)) for c in telemetry.roots()) == 7)
+    (etl,), (load,) = named(telemetry, "etl"), named(telemetry, "load")
+    assert etl.parent is None and load.parent.span_id == etl.context.span_id
+    assert dict(etl.attributes) == {"dask.span.name": "etl", "dask.span.id": etl_id}
+    assert dict(load.attributes) == {"dask.span.name": "etl/load", "dask.span.id": load_id}
+    computes = telemetry.roots()
+    assert len(computes) == 3
+    under = {c.parent.span_id for c in computes}
+    assert under == {load.context.span_id, etl.context.span_id}
+    assert {c.attributes["dask.span.name"] for c in computes} == {"etl/load", "etl"}
+    assert all(c.context.trace_id == etl.context.trace_id for c in computes)
+    for compute in computes:
+        assert compute.start_time >= etl.start_time and compute.end_time <= etl.end_time
+        tasks = telemetry.children(compute)
+        assert tasks and all(t.context.trace_id == etl.context.trace_id for t in tasks)
+    # The ids are distributed's own: the scheduler's spans extension knows them by these.
+    spans = client.cluster.scheduler.extensions["spans"].spans
+    assert spans[load_id].name == ("etl", "load") and spans[etl_id].name == ("etl",)
+
+
+def test_a_span_of_several_tags_is_one_span_per_tag(telemetry, client):
+    with distributed.span("a", "b"):
+        assert client.submit(inc, 2).result() == 3
+    (a,), (b,) = named(telemetry, "a"), named(telemetry, "b")
+    assert b.parent.span_id == a.context.span_id
+    assert b.attributes["dask.span.name"] == "a/b"
+    (compute,) = telemetry.roots()
+    assert compute.parent.span_id == b.context.span_id
+
+
+def raise_inside_span() -> None:
+    with distributed.span("failing"):
+        raise KeyError("mine")
+
+
+def frames_of(error: BaseException) -> list[tuple[str, str]]:
+    return [(frame.filename, frame.name) for frame in traceback.extract_tb(error.__traceback__)]
+
+
+def test_an_error_in_the_block_is_the_users_own_and_fails_the_span(telemetry):
+    with pytest.raises(KeyError) as instrumented:
+        raise_inside_span()
+    (failing,) = named(telemetry, "failing")
+    assert failing.status.status_code.name == "ERROR"
+    assert failing.attributes["error.type"] == "KeyError"
+    telemetry.handle.uninstrument()
+    with pytest.raises(KeyError) as plain:
+        raise_inside_span()
+    assert frames_of(instrumented.value) == frames_of(plain.value)
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="a bare raise adds the frame back before 3.11")
+def test_distributeds_own_error_is_raised_with_its_own_traceback(telemetry):
+    def no_tags() -> None:
+        with distributed.span():
+            pass
+
+    with pytest.raises(ValueError, match="Must specify at least one span tag") as instrumented:
+        no_tags()
+    telemetry.handle.uninstrument()
+    with pytest.raises(ValueError) as plain:
+        no_tags()
+    assert frames_of(instrumented.value) == frames_of(plain.value)
+
+
+def test_a_span_function_taken_before_instrumenting_still_names_the_computes_span(client, telemetry):
+    from distributed.spans import span as taken_early
+
+    original = taken_early.__wrapped__  # what `from distributed import span` got before otel_graph
+    with original("early"):
+        assert client.submit(inc, 3).result() == 4
+    (compute,) = telemetry.roots()
+    assert compute.attributes["dask.span.name"] == "early"
+    assert not named(telemetry, "early")
+
+
+def test_uninstrumenting_puts_distributeds_span_back(telemetry):
+    import distributed.spans
+
+    assert distributed.span.__wrapped__ is distributed.spans.span.__wrapped__
+    original = distributed.span.__wrapped__
+    telemetry.handle.uninstrument()
+    assert distributed.span is original and distributed.spans.span is original
+
+
+def user_code_submits(client) -> int:
+    return client.submit(inc, 41).result()
+
+
+def test_dask_sees_no_annotation_and_records_the_users_code(telemetry, client):
+    import dask
+
+    scheduler = client.cluster.scheduler
+    with distributed.span("visible"), dask.config.set({"distributed.diagnostics.computations.nframes": 1}):
+        assert user_code_submits(client) == 42
+    computation = scheduler.computations[-1]
+    assert set(computation.annotations) == {"span"}  # distributed's own, nothing of ours
+    assert all("otel" not in str(ts.annotations) for ts in scheduler.tasks.values())
+    (code,) = computation.code
+    assert "user_code_submits" in code[-1].code and code[-1].filename == __file__
