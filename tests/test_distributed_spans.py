@@ -5,6 +5,7 @@ and the user's tracebacks."""
 from __future__ import annotations
 
 import sys
+import time
 import traceback
 
 import pytest
@@ -130,3 +131,29 @@ def test_dask_sees_no_annotation_and_records_the_users_code(telemetry, client):
     assert all("otel" not in str(ts.annotations) for ts in scheduler.tasks.values())
     (code,) = computation.code
     assert "user_code_submits" in code[-1].code and code[-1].filename == __file__
+
+
+def nap(x: int) -> int:
+    time.sleep(0.1)
+    return x
+
+
+def test_fine_performance_metrics_are_counters_by_span_prefix_and_activity(telemetry, client):
+    scheduler = client.cluster.scheduler
+    with distributed.span("naps") as span_id:
+        assert client.gather(client.map(nap, range(4))) == [0, 1, 2, 3]
+    span = scheduler.extensions["spans"].spans[span_id]
+    key = ("execute", "nap", "thread-noncpu", "seconds")
+
+    def exported() -> float:
+        return sum(p.value for p in telemetry.points("dask.activity.time")
+                   if p.attributes.get("dask.span.name") == "naps" and p.attributes.get("dask.task.prefix") == "nap"
+                   and p.attributes["dask.activity"] == "thread-noncpu"
+                   and p.attributes["dask.activity.context"] == "execute")
+
+    # What the dashboard shows for the span, once the workers' heartbeats have brought it all.
+    assert wait_until(lambda: span.cumulative_worker_metrics.get(key, 0) >= 0.35 and exported() > 0)
+    assert wait_until(lambda: exported() == span.cumulative_worker_metrics[key])
+    assert 0.35 <= exported() < 5
+    transfers = [p for p in telemetry.points("dask.activity.time") if p.attributes["dask.activity.context"] != "execute"]
+    assert all("dask.task.prefix" not in p.attributes for p in transfers)

@@ -124,7 +124,7 @@ def expand(expr: str) -> str:
     import re
 
     for name, value in (("$__rate_interval", "1m"), ("$__interval", "15s"), ("$__range", "5m"),
-                        ("$service", ".*"), ("$prefix", ".*"), ("$worker", ".*"), ("$host", ".*")):
+                        ("$service", ".*"), ("$span", ".*"), ("$prefix", ".*"), ("$worker", ".*"), ("$host", ".*")):
         expr = expr.replace(name, value)
     # label_values(selector, label) is Grafana's, not PromQL: ask for the same thing as a query.
     match = re.fullmatch(r"label_values\((.*), *(\w+)\)", expr.strip())
@@ -149,6 +149,9 @@ def test_every_dashboard_query_parses_and_the_non_gpu_panels_have_data():
             assert prometheus.wait_for("count_over_time(up[1m])", lambda r: r and min(x["value"] for x in r) >= 5,
                                        timeout_s=30)
             assert prometheus.wait_for("process_cpu_utilization_ratio", bool, timeout_s=30)
+            # Fine performance metrics reach the scheduler with the workers' next heartbeats.
+            assert prometheus.wait_for("count_over_time(dask_activity_time_seconds_total[1m])",
+                                       lambda r: r and min(x["value"] for x in r) >= 3, timeout_s=30)
             hosts = {r["metric"].get("host_name") for r in prometheus.query("process_memory_usage_bytes")}
             assert hosts == {socket.gethostname()}, "host.name is a label on every process's readings"
             workers = {r["metric"].get("dask_worker_id", "") for r in prometheus.query("process_memory_usage_bytes")}

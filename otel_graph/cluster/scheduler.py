@@ -15,6 +15,7 @@ runs per task. :class:`SchedulerTelemetryPlugin` does these things:
   ``dask.worker.memory.limit`` ``By``      ``dask.worker.id``, ``dask.worker.name``
   ===========================  ==========  ============================================
 
+  and distributed's fine performance metrics as counters (:mod:`.fine_metrics`).
 * **Each task's trace context**, from the note a client sent ahead of its graph, handed
   to the worker the task is sent to (:class:`.propagation.Routes`: a dict entry a task,
   and one message per worker and scheduler step).
@@ -46,7 +47,7 @@ from typing import Any
 from distributed.diagnostics.plugin import SchedulerPlugin
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from otel_graph.cluster import adapter, ledger
+from otel_graph.cluster import adapter, fine_metrics, ledger
 from otel_graph.cluster.propagation import COMPUTE_OP, Routes, on_compute, seal_env, traceparent_of, unseal_env
 from otel_graph.events import OTHER_PREFIXES
 
@@ -125,6 +126,7 @@ def observe_scheduler(meter_provider: Any, meter: Any) -> None:
                                   description="Worker memory as the scheduler sees it: managed, unmanaged, spilled.")
     meter.create_observable_gauge("dask.worker.memory.limit", [_limits], unit="By",
                                   description="Each worker's memory limit.")
+    fine_metrics.observe(meter, _each_scheduler)
 
 
 class SchedulerTelemetryPlugin(SchedulerPlugin):
@@ -158,22 +160,32 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
             from otel_graph.cluster.worker import adopt_client_env
 
             adopt_client_env(unseal_env(self._sealed_env))
-            from otel_graph.config import load_settings
-            from otel_graph.cluster.worker import process_providers
-            from otel_graph.instrumentation import SCOPE, ensure_exit_hook, live_providers
-
-            providers = live_providers()
-            if providers is None:
-                settings = load_settings()
-                if settings.sdk_disabled:
-                    return
-                providers = process_providers(settings, {"dask.scheduler.address": str(scheduler.address)})
-                ensure_exit_hook()
-            meter = providers.meter_provider.get_meter(SCOPE.name, SCOPE.version)
-            observe_scheduler(providers.meter_provider, meter)
-            _SCHEDULERS[scheduler] = self
+            self.observe(scheduler)
         except Exception as exc:
             logger.warning("otel_graph: scheduler gauges are off: %s", exc)
+
+    def observe(self, scheduler: Any) -> None:
+        """Report the gauges through this process's instrumentation, or an SDK of its own.
+
+        Again when a client joins: in a process instrumented anew while its cluster lived
+        (an in-process cluster), the plugin in place reports through the new providers.
+        """
+        from otel_graph.config import load_settings
+        from otel_graph.cluster.worker import process_providers
+        from otel_graph.instrumentation import SCOPE, ensure_exit_hook, live_providers
+
+        providers = live_providers()
+        if providers is None:
+            if scheduler in _SCHEDULERS:
+                return  # its own SDK is made once
+            settings = load_settings()
+            if settings.sdk_disabled:
+                return
+            providers = process_providers(settings, {"dask.scheduler.address": str(scheduler.address)})
+            ensure_exit_hook()
+        meter = providers.meter_provider.get_meter(SCOPE.name, SCOPE.version)
+        observe_scheduler(providers.meter_provider, meter)
+        _SCHEDULERS[scheduler] = self
 
     async def close(self) -> None:
         scheduler = getattr(self, "_scheduler", None)
@@ -324,6 +336,10 @@ def join_cluster(dask_scheduler: Any = None, client_id: str = "") -> dict[str, A
     if plugin is None:
         return {"clients": 0, "contexts": None}
     plugin.clients.add(client_id)
+    try:
+        plugin.observe(dask_scheduler)
+    except Exception as exc:
+        logger.warning("otel_graph: scheduler gauges are off: %s", exc)
     if PLUGIN_NAME in getattr(dask_scheduler, "worker_plugins", {}):
         plugin.routes.ready.update(dask_scheduler.workers)
     contexts = COMPUTE_OP if adapter.handles(dask_scheduler, COMPUTE_OP) else None

@@ -1,0 +1,147 @@
+"""distributed's fine performance metrics, as OpenTelemetry counters.
+
+Workers time what each task's execution spends its seconds on (thread CPU, thread
+non-CPU, the executor, disk, compression, serialisation...), and what sending and
+fetching data costs, and send the totals to the scheduler with every heartbeat. The
+dashboard's *Fine Performance Metrics* page shows them by span and task prefix; here they
+are monotonic counters, read from the scheduler when a metric reader collects (nothing
+runs per task or per heartbeat):
+
+=========================  ===========  =================================================
+``dask.activity.time``     ``s``        time spent, by activity
+``dask.activity.size``     ``By``       bytes handled (disk, compression, transfers)
+``dask.activity.count``    ``{event}``  events counted
+=========================  ===========  =================================================
+
+Attributes: ``dask.activity.context`` (``execute``: running tasks; ``gather-dep``:
+fetching a task's inputs from other workers; ``get-data``: sending data to them;
+``p2p``: shuffles; ``memory-monitor``: spilling by the memory monitor),
+``dask.activity`` (``thread-cpu``, ``thread-noncpu``, ``executor``, ``disk-read``,
+``serialize``, ``network``...), ``dask.task.prefix`` (``execute``), ``dask.activity.phase``
+(the other contexts' sub-part, where they have one), ``dask.span.name`` (``execute`` and
+``p2p``: the distributed span, tags joined by ``/``; ``default`` outside any) and
+``dask.scheduler.address``. The dashboard's "idle or other spans" slice is not a counter
+(it is derived from thread-seconds available) and is not exported; metrics of a unit
+other than seconds, bytes and count (a user's own, through ``context_meter``) neither.
+
+Series are bounded: past :data:`MAX_SERIES` label sets per scheduler, a new task prefix
+is counted under ``(other prefixes)``, so every second stays counted.
+
+This reads distributed's internals (``Scheduler.cumulative_worker_metrics``, the spans
+extension's ``Span._cumulative_worker_metrics``), from the exporter's thread; any change
+there costs these counters (logged once), never the scheduler.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from opentelemetry.metrics import CallbackOptions, Observation
+
+from otel_graph.events import OTHER_PREFIXES
+
+logger = logging.getLogger("otel_graph")
+
+#: Label sets each instrument reports per scheduler, at most.
+MAX_SERIES = 5000
+#: unit in distributed's key -> instrument.
+_INSTRUMENTS = {"seconds": ("dask.activity.time", "s", "Time workers spent, by activity (fine performance metrics)."),
+                "bytes": ("dask.activity.size", "By", "Bytes workers handled, by activity (fine performance metrics)."),
+                "count": ("dask.activity.count", "{event}", "Events workers counted, by activity (fine performance metrics).")}
+#: Contexts whose keys carry a span id on the workers, and are kept by span on the scheduler.
+_BY_SPAN = ("execute", "p2p")
+
+Key = tuple[str, ...]  # (span name, context, prefix or phase, activity)
+
+
+class _Admitted:
+    """The task prefixes a scheduler's series are kept for, first come first kept."""
+
+    def __init__(self) -> None:
+        self.prefixes: set[str] = set()
+        self.series = 0
+        self.warned = False
+
+
+_ADMITTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _readings(scheduler: Any) -> Iterable[tuple[str, str, tuple, float]]:
+    """(span name or "", unit, key without span and unit, value) for every metric the scheduler holds."""
+    spans = getattr(scheduler, "extensions", {}).get("spans")
+    by_span = spans is not None and hasattr(spans, "spans")
+    if by_span:
+        for span in list(spans.spans.values()):
+            name = "/".join(str(tag) for tag in span.name)
+            for key, value in list(span._cumulative_worker_metrics.items()):
+                if isinstance(key, tuple) and len(key) >= 3:
+                    yield name, str(key[-1]), key[:-1], value
+    for key, value in list(scheduler.cumulative_worker_metrics.items()):
+        if not isinstance(key, tuple) or len(key) < 3:
+            continue  # older, flat keys
+        if by_span and key[0] in _BY_SPAN:
+            continue  # counted by span above (the same seconds, with the span's id squashed)
+        yield "", str(key[-1]), key[:-1], value
+
+
+def collect(scheduler: Any) -> dict[str, dict[Key, float]]:
+    """unit -> {(span name, context, prefix or phase, activity): total} for one scheduler."""
+    admitted = _ADMITTED.get(scheduler)
+    if admitted is None:
+        admitted = _ADMITTED[scheduler] = _Admitted()
+    totals: dict[str, dict[Key, float]] = {unit: defaultdict(float) for unit in _INSTRUMENTS}
+    for span, unit, key, value in _readings(scheduler):
+        if unit not in totals:
+            continue
+        context, activity, middle = str(key[0]), str(key[-1]), "/".join(str(part) for part in key[1:-1])
+        if context == "execute" and middle not in admitted.prefixes:
+            if admitted.series < MAX_SERIES:
+                admitted.prefixes.add(middle)
+                admitted.series += 1
+            else:
+                middle = OTHER_PREFIXES
+        totals[unit][(span, context, middle, activity)] += value
+    return totals
+
+
+def _attributes(key: Key, address: str) -> dict[str, str]:
+    span, context, middle, activity = key
+    attributes = {"dask.activity.context": context, "dask.activity": activity, "dask.scheduler.address": address}
+    if context == "execute":
+        attributes["dask.task.prefix"] = middle
+    elif middle:
+        attributes["dask.activity.phase"] = middle
+    if span:
+        attributes["dask.span.name"] = span
+    return attributes
+
+
+def observe(meter: Any, schedulers: Callable[[], list[Any]]) -> None:
+    """Create the three counters on ``meter``; they report every scheduler ``schedulers()`` gives."""
+    cache: dict[str, list[Observation]] = {}
+    failed: list[bool] = []
+
+    def read(unit: str) -> list[Observation]:
+        # One reading of the schedulers serves the three instruments of a collection: the
+        # first asks for it, the others take theirs from it.
+        if unit == "seconds" or not cache:
+            cache.clear()
+            for scheduler in schedulers():
+                try:
+                    address = str(scheduler.address)
+                    for each, totals in collect(scheduler).items():
+                        cache.setdefault(each, []).extend(
+                            Observation(value, _attributes(key, address)) for key, value in totals.items())
+                except Exception as exc:  # read from the exporter's thread while the loop mutates
+                    if not failed:
+                        failed.append(True)
+                        logger.warning("otel_graph: distributed's fine performance metrics are unreadable: %s", exc)
+        return cache.get(unit, [])
+
+    for unit, (name, symbol, description) in _INSTRUMENTS.items():
+        meter.create_observable_counter(name, [lambda options, unit=unit: read(unit)], unit=symbol,
+                                        description=description)
