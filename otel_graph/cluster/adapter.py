@@ -27,6 +27,9 @@ the one to fix. Checked against distributed 2026.8:
   ``stealing`` topic, after the task was sent to the thief.
 * client: ``_scheduler_identity`` (``n_workers``, and ``id``, which changes when the
   client reconnects to a scheduler started anew), ``_state`` of a future, ``_started``.
+* fine performance metrics: ``Scheduler.cumulative_worker_metrics`` (keys ``(context,
+  *parts, activity, unit)``), and by span in ``extensions["spans"].spans[id].
+  _cumulative_worker_metrics`` for the ``execute`` and ``p2p`` contexts.
 
 Every function here tolerates a missing field by returning less, never by raising.
 """
@@ -419,3 +422,27 @@ def is_scheduler(server: Any) -> bool:
     from distributed import Scheduler
 
     return isinstance(server, Scheduler)
+
+
+#: Contexts whose fine metrics carry a span id on the workers, kept by span on the scheduler.
+_FINE_BY_SPAN = ("execute", "p2p")
+
+
+def fine_metric_readings(scheduler: Any) -> Iterable[tuple[str, str, tuple, float]]:
+    """(span name or "", unit, key without span and unit, value): distributed's fine performance
+    metrics on the scheduler, by span where the spans extension keeps them (``Span.
+    _cumulative_worker_metrics``), the rest from ``Scheduler.cumulative_worker_metrics``."""
+    spans = getattr(scheduler, "extensions", {}).get("spans")
+    by_span = spans is not None and hasattr(spans, "spans")
+    if by_span:
+        for span in list(spans.spans.values()):
+            name = "/".join(str(tag) for tag in span.name)
+            for key, value in list(span._cumulative_worker_metrics.items()):
+                if isinstance(key, tuple) and len(key) >= 3:
+                    yield name, str(key[-1]), key[:-1], value
+    for key, value in list(scheduler.cumulative_worker_metrics.items()):
+        if not isinstance(key, tuple) or len(key) < 3:
+            continue  # older, flat keys
+        if by_span and key[0] in _FINE_BY_SPAN:
+            continue  # counted by span above (the same seconds, with the span's id squashed)
+        yield "", str(key[-1]), key[:-1], value

@@ -27,9 +27,8 @@ other than seconds, bytes and count (a user's own, through ``context_meter``) ne
 Series are bounded: past :data:`MAX_SERIES` label sets per scheduler, a new task prefix
 is counted under ``(other prefixes)``, so every second stays counted.
 
-This reads distributed's internals (``Scheduler.cumulative_worker_metrics``, the spans
-extension's ``Span._cumulative_worker_metrics``), from the exporter's thread; any change
-there costs these counters (logged once), never the scheduler.
+They are read (:func:`.adapter.fine_metric_readings`) from the exporter's thread; a change
+in distributed's internals costs these counters (logged once), never the scheduler.
 """
 
 from __future__ import annotations
@@ -37,11 +36,12 @@ from __future__ import annotations
 import logging
 import weakref
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, Observation
 
+from otel_graph.cluster import adapter
 from otel_graph.events import OTHER_PREFIXES
 
 logger = logging.getLogger("otel_graph")
@@ -52,9 +52,6 @@ MAX_SERIES = 5000
 _INSTRUMENTS = {"seconds": ("dask.activity.time", "s", "Time workers spent, by activity (fine performance metrics)."),
                 "bytes": ("dask.activity.size", "By", "Bytes workers handled, by activity (fine performance metrics)."),
                 "count": ("dask.activity.count", "{event}", "Events workers counted, by activity (fine performance metrics).")}
-#: Contexts whose keys carry a span id on the workers, and are kept by span on the scheduler.
-_BY_SPAN = ("execute", "p2p")
-
 Key = tuple[str, ...]  # (span name, context, prefix or phase, activity)
 
 
@@ -70,31 +67,13 @@ class _Admitted:
 _ADMITTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _readings(scheduler: Any) -> Iterable[tuple[str, str, tuple, float]]:
-    """(span name or "", unit, key without span and unit, value) for every metric the scheduler holds."""
-    spans = getattr(scheduler, "extensions", {}).get("spans")
-    by_span = spans is not None and hasattr(spans, "spans")
-    if by_span:
-        for span in list(spans.spans.values()):
-            name = "/".join(str(tag) for tag in span.name)
-            for key, value in list(span._cumulative_worker_metrics.items()):
-                if isinstance(key, tuple) and len(key) >= 3:
-                    yield name, str(key[-1]), key[:-1], value
-    for key, value in list(scheduler.cumulative_worker_metrics.items()):
-        if not isinstance(key, tuple) or len(key) < 3:
-            continue  # older, flat keys
-        if by_span and key[0] in _BY_SPAN:
-            continue  # counted by span above (the same seconds, with the span's id squashed)
-        yield "", str(key[-1]), key[:-1], value
-
-
 def collect(scheduler: Any) -> dict[str, dict[Key, float]]:
     """unit -> {(span name, context, prefix or phase, activity): total} for one scheduler."""
     admitted = _ADMITTED.get(scheduler)
     if admitted is None:
         admitted = _ADMITTED[scheduler] = _Admitted()
     totals: dict[str, dict[Key, float]] = {unit: defaultdict(float) for unit in _INSTRUMENTS}
-    for span, unit, key, value in _readings(scheduler):
+    for span, unit, key, value in adapter.fine_metric_readings(scheduler):
         if unit not in totals:
             continue
         context, activity, middle = str(key[0]), str(key[-1]), "/".join(str(part) for part in key[1:-1])
