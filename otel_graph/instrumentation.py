@@ -277,7 +277,8 @@ class Instrumentation:
             owned.flush(self.settings.exit_timeout_s)
 
     def stats(self, *, workers: bool = False, timeout_s: float = 10.0) -> dict[str, int]:
-        """Delivery counters: spans and points exported and undelivered, tasks aggregated.
+        """Delivery counters: spans and points exported and undelivered, tasks aggregated,
+        and, with dask.distributed, computes whose tasks could not be given their context.
 
         This process's; with ``workers=True``, plus those of the attached dask.distributed
         clusters' worker processes (each exports on its own), asked within ``timeout_s``,
@@ -287,6 +288,10 @@ class Instrumentation:
         current["tasks_aggregated"] = self._tracker.tasks_aggregated
         current["tasks_recovered"] = self._tracker.tasks_recovered
         current["span_errors"] = self._tracker.span_errors
+        if self._cluster is not None:
+            # Traced calls whose graph went to a scheduler that could not be told their
+            # trace context: their computes have spans, their tasks none.
+            current["computes_without_task_context"] = self._cluster.unannounced
         if workers:
             cluster, answered = self._cluster.worker_stats(timeout_s) if self._cluster is not None else ({}, 0)
             summed = Counter(current)

@@ -157,3 +157,13 @@ def test_fine_performance_metrics_are_counters_by_span_prefix_and_activity(telem
     assert 0.35 <= exported() < 5
     transfers = [p for p in telemetry.points("dask.activity.time") if p.attributes["dask.activity.context"] != "execute"]
     assert all("dask.task.prefix" not in p.attributes for p in transfers)
+
+
+def test_a_graph_sent_where_its_context_cannot_follow_is_counted(telemetry, client):
+    # As for a scheduler that said it does not read contexts (our plugin could not be put there).
+    capture = telemetry.handle._cluster
+    capture._streams.pop(client)
+    assert client.submit(inc, 5).result() == 6
+    (compute,) = telemetry.roots()
+    assert telemetry.children(compute) == []
+    assert telemetry.handle.stats()["computes_without_task_context"] == 1
