@@ -15,10 +15,13 @@ the one to fix. Checked against distributed 2026.8:
 * the worker's stream to the scheduler is ``worker.batched_stream`` (a ``BatchedSend``:
   ``comm`` while connected, ``close()`` sends what it holds first; ``buffer``, the list
   of messages not yet written, replaced by a new list at every write).
+* the scheduler's ``keep-alive`` stream handler takes any keywords and ignores them.
 * streams: every ``Server`` dispatches stream messages by ``op`` through its
   ``stream_handlers`` dict, in order, awaiting each; an op it has no handler for closes
   the stream. The scheduler's stream to each worker is ``stream_comms[address]``; the
   client's to the scheduler is ``scheduler_comm``, a new ``BatchedSend`` at each connect.
+* events: the scheduler's ``_broker._topics[name]`` (``subscribers``: client ids) and
+  ``send_all``; the client handles ``{"op": "event", "topic", "event": (time, msg)}``.
 * scheduler: ``task_prefixes[*].states`` (current counts), ``workers[*].memory`` (a
   ``MemoryState``) and ``workers[*].memory_limit``; ``SchedulerPlugin.transition``'s
   keywords for ``processing -> memory|erred`` (the worker's message: ``worker``,
@@ -36,6 +39,8 @@ Every function here tolerates a missing field by returning less, never by raisin
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterable
 from itertools import islice
 from typing import Any, NamedTuple
@@ -229,6 +234,25 @@ def stream_open(worker: Any) -> bool:
     return comm is not None and not comm.closed()
 
 
+def scheduler_connection(worker: Any) -> Any:
+    """The connection under the worker's stream to its scheduler (a new one at every
+    reconnect); None while there is none."""
+    return getattr(getattr(worker, "batched_stream", None), "comm", None)
+
+
+def say_to_scheduler(worker: Any, payload: Any) -> None:
+    """Send ``payload`` to the worker's scheduler, from any thread, in order with the
+    worker's own messages (as ``Worker.log_event`` does), as a ``keep-alive`` message
+    (``{"op": "keep-alive", "otel_graph": payload}``): every scheduler handles that op,
+    and ignores what it carries unless otel_graph's plugin reads it
+    (:func:`read_worker_says`). Dropped while the worker is not connected."""
+    message = {"op": "keep-alive", WORKER_SAYS: payload}
+    if getattr(worker, "thread_id", None) == threading.get_ident():
+        worker.batched_send(message)
+    else:
+        worker.loop.add_callback(worker.batched_send, message)
+
+
 def close_stream(worker: Any, *, timeout_s: float) -> Any:
     """An awaitable that sends what the worker's stream to the scheduler holds, then closes
     it (``BatchedSend.close``); None when there is no stream."""
@@ -313,6 +337,35 @@ def add_stream_handler(server: Any, op: str, handler: Any) -> bool:
     return True
 
 
+#: The keyword a worker's ``keep-alive`` message carries otel_graph's payload in.
+WORKER_SAYS = "otel_graph"
+
+
+def read_worker_says(scheduler: Any, reader: Any) -> bool:
+    """Wrap the scheduler's ``keep-alive`` handler (which takes and ignores anything) so
+    that ``reader(worker, payload)`` gets what workers say with :func:`say_to_scheduler`.
+    Idempotent; True if the scheduler now reads them. Left in place: workers may still say."""
+    handlers = getattr(scheduler, "stream_handlers", None)
+    original = handlers.get("keep-alive") if isinstance(handlers, dict) else None
+    if original is None:
+        return False
+    if getattr(original, "otel_graph_reader", None) is not None:
+        return True
+
+    def keep_alive(*args: Any, **kwargs: Any) -> Any:
+        payload = kwargs.pop(WORKER_SAYS, None)
+        if payload is not None:
+            try:
+                reader(kwargs.get("worker"), payload)
+            except Exception:  # what a worker says costs its telemetry, never the stream
+                pass
+        return original(*args, **kwargs)
+
+    keep_alive.otel_graph_reader = reader  # type: ignore[attr-defined]
+    handlers["keep-alive"] = keep_alive
+    return True
+
+
 def handles(server: Any, op: str) -> bool:
     return op in (getattr(server, "stream_handlers", None) or {})
 
@@ -363,6 +416,23 @@ def processing_on(scheduler: Any, key: Any) -> str | None:
     ts = scheduler.tasks.get(key)
     ws = getattr(ts, "processing_on", None) if ts is not None else None
     return getattr(ws, "address", None)
+
+
+def publish(scheduler: Any, topic: str, msg: Any) -> None:
+    """Send ``msg`` to the clients subscribed to ``topic``, as an event of it, without the
+    scheduler keeping it: ``Scheduler.log_event`` would also store it (``get_events()``,
+    the dashboard) and pass it to every scheduler plugin. The message is the one distributed's
+    event broker sends (``{"op": "event", "topic", "event": (time, msg)}``)."""
+    topics = getattr(getattr(scheduler, "_broker", None), "_topics", None)
+    if not isinstance(topics, dict):
+        scheduler.log_event(topic, msg)  # a distributed without the broker: seen, not lost
+        return
+    found = topics.get(topic)  # .get: the defaultdict must not grow a topic nobody wants
+    subscribers = getattr(found, "subscribers", None)
+    if not subscribers:
+        return
+    event = {"op": "event", "topic": topic, "event": (time.time(), msg)}
+    scheduler.send_all({client: [event] for client in list(subscribers)}, worker_msgs={})
 
 
 def worker_stream(scheduler: Any, address: str) -> Any:

@@ -9,8 +9,8 @@ and the compute's task count would not add up.
 
 So the scheduler keeps a :class:`Ledger`. It sees every run finish (``processing ->
 memory`` or ``-> erred``, with the worker and the run's ``compute`` times), and each
-worker says on its stream to the scheduler (an event on :data:`TOPIC`, in order with its
-``task-finished`` messages) what its exporter delivered, counted by :class:`Deliveries`
+worker says on its stream to the scheduler (:func:`.adapter.say_to_scheduler`, in order
+with its ``task-finished`` messages; an earlier otel_graph sent an event on :data:`TOPIC`) what its exporter delivered, counted by :class:`Deliveries`
 per compute and prefix. Per worker the ledger holds the difference, per compute (its
 traceparent) and prefix: O(computes x prefixes) however many tasks run, and nothing
 once the worker's exports catch up. When a worker is removed, what is left is what it

@@ -18,6 +18,12 @@ read them (a stream message nobody handles would close the connection):
    "keys": [...]}`` ahead of the ``compute-task`` messages of the same step: one message
    per worker, compute and scheduler step. The worker keeps each task's note until the
    task has run (:func:`take_note`); the scheduler sends it again with every new run.
+   Only to workers that said they read them (:func:`say_listening`): a worker without
+   otel_graph, or of an earlier one, would close its stream on an op it does not know.
+   A worker says so once its stream is up, so the first tasks sent to a new worker go
+   before: the scheduler keeps their keys and hands their notes over when it hears from
+   the worker (:meth:`Routes.heard`), and the worker holds the runs it has no note for
+   until then (:func:`heard_by_scheduler`).
 
 A note is one short string:
 
@@ -40,6 +46,7 @@ A note is one short string:
 from __future__ import annotations
 
 import logging
+import time
 import weakref
 from typing import Any
 
@@ -56,6 +63,8 @@ COMPUTE_OP = "otel-graph-compute"
 TASKS_OP = "otel-graph-tasks"
 #: Clients whose next graph has not arrived, at most (a client that vanished mid-send).
 _MAX_EXPECTED = 4096
+#: Traced tasks a worker that has not yet said it reads their notes may be sent, at most.
+_MAX_WAITING = 100_000
 
 
 def make_note(context: SpanContext, *, budget: int | None) -> str:
@@ -120,12 +129,15 @@ class Routes:
         self._expected: dict[str, tuple[Any, str]] = {}
         #: task key -> note, from the update that brought the task until it is forgotten.
         self.notes: dict[Any, str] = {}
-        #: Workers that read TASKS_OP (our worker plugin is set up there).
+        #: Workers that said they read TASKS_OP (:func:`say_listening`), on their current stream.
         self.ready: set[str] = set()
-        #: worker -> (stimulus id, note, stream buffer, keys): the message of this step, still unsent.
-        self._open: dict[str, tuple[str, str, Any, list]] = {}
+        #: worker -> keys of traced tasks sent there before it said so: handed over when it does.
+        self._waiting: dict[str, list[Any]] = {}
+        #: worker -> (stimulus id, note, stream, position, message): the message of this step,
+        #: while it is still unsent at that position of the stream's buffer.
+        self._open: dict[str, tuple[str, str, Any, int, dict]] = {}
         self.handed = 0  # task notes handed to workers
-        self.unready = 0  # tasks of a traced compute sent to a worker that cannot read them
+        self.unready = 0  # tasks of a traced compute whose worker could not be handed their note
 
     def expect(self, client: str, note: Any, sample: Any) -> None:
         if not isinstance(note, str) or traceparent_of(note) is None:
@@ -155,6 +167,9 @@ class Routes:
     def forget(self, key: Any) -> None:
         self.notes.pop(key, None)
 
+    def client_gone(self, client: str) -> None:
+        self._expected.pop(client, None)
+
     def hand_over(self, scheduler: Any, key: Any, stimulus_id: str) -> None:
         """Send the task's note to the worker it was just sent to (its stream, ahead of the task)."""
         note = self.notes.get(key)
@@ -164,25 +179,51 @@ class Routes:
         if address is None:
             return
         if address not in self.ready:
-            self.unready += 1
+            waiting = self._waiting.setdefault(address, [])
+            if len(waiting) < _MAX_WAITING:
+                waiting.append(key)
+            else:
+                self.unready += 1
             return
         stream = adapter.worker_stream(scheduler, address)
         if stream is None:
             return
         buffer = adapter.unsent(stream)
         slot = self._open.get(address)
-        # Same step, same compute, and the message not yet written: one more key in it.
-        if slot is not None and buffer is not None and slot[2] is buffer and slot[0] == stimulus_id \
-                and slot[1] is note:
-            slot[3].append(key)
+        # Same step, same compute, and the message not yet written (still at its place in
+        # the stream's buffer, which is swapped for a new list at every write): one more key.
+        if slot is not None and slot[0] == stimulus_id and slot[1] is note and slot[2] is stream \
+                and buffer is not None and slot[3] < len(buffer) and buffer[slot[3]] is slot[4]:
+            slot[4]["keys"].append(key)
         else:
-            keys = [key]
-            stream.send({"op": TASKS_OP, "note": note, "keys": keys})
-            self._open[address] = (stimulus_id, note, buffer, keys)
+            message = {"op": TASKS_OP, "note": note, "keys": [key]}
+            stream.send(message)
+            position = len(buffer) - 1 if buffer is not None and buffer and buffer[-1] is message else -1
+            self._open[address] = (stimulus_id, note, stream, position, message)
         self.handed += 1
+
+    def heard(self, scheduler: Any, address: str) -> None:
+        """The worker said it reads TASKS_OP: say it was heard, and hand it the notes of the
+        tasks sent there before (a worker holds the runs it finds no note for until then)."""
+        if address in self.ready or address not in getattr(scheduler, "workers", ()):
+            return
+        stream = adapter.worker_stream(scheduler, address)
+        if stream is None:
+            return
+        self.ready.add(address)
+        stream.send({"op": TASKS_OP, "note": None, "keys": [], "heard": True})
+        by_note: dict[str, list[Any]] = {}
+        for key in self._waiting.pop(address, ()):
+            note = self.notes.get(key)
+            if note is not None:
+                by_note.setdefault(note, []).append(key)
+        for note, keys in by_note.items():
+            stream.send({"op": TASKS_OP, "note": note, "keys": keys})
+            self.handed += len(keys)
 
     def worker_gone(self, address: str) -> None:
         self.ready.discard(address)
+        self._waiting.pop(address, None)
         self._open.pop(address, None)
 
 
@@ -202,6 +243,38 @@ def on_compute(scheduler_ref: weakref.ref, plugin_name: str) -> Any:
 # -- worker -------------------------------------------------------------------------------
 #: worker -> {task key: note}, for the tasks the worker holds.
 _WORKER_NOTES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: worker -> the connection to its scheduler on which the scheduler said it heard the worker.
+_HEARD: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+#: The scheduler's note of what a worker said (:func:`.adapter.say_to_scheduler`): it reads TASKS_OP.
+LISTENING = {"reads": [TASKS_OP]}
+_SAYING: set[Any] = set()  # asyncio tasks in flight: an unreferenced task may vanish
+#: How long a worker waits for its stream to the scheduler before it gives up saying so.
+_SAY_WITHIN_S = 60.0
+
+
+def say_listening(worker: Any) -> None:
+    """Tell the worker's scheduler that it reads TASKS_OP, once its stream is up: a worker
+    sets its plugins up before it starts its stream, and again at every reconnect."""
+    import asyncio
+
+    async def say() -> None:
+        deadline = time.monotonic() + _SAY_WITHIN_S
+        while not adapter.stream_open(worker):
+            if time.monotonic() > deadline or adapter.is_closing(worker):
+                return
+            await asyncio.sleep(0.02)  # nothing to wait on: distributed signals no connect
+        adapter.say_to_scheduler(worker, LISTENING)
+
+    task = asyncio.ensure_future(say())
+    _SAYING.add(task)
+    task.add_done_callback(_SAYING.discard)
+
+
+def heard_listening(payload: Any) -> bool:
+    """Whether what a worker said (:func:`.adapter.say_to_scheduler`) says it reads TASKS_OP."""
+    return isinstance(payload, dict) and TASKS_OP in (payload.get("reads") or ())
 
 
 def listen_on_worker(worker: Any) -> None:
@@ -212,11 +285,13 @@ def listen_on_worker(worker: Any) -> None:
     _WORKER_NOTES[worker] = notes
     worker_ref = weakref.ref(worker)
 
-    def handle(note: Any = None, keys: Any = (), **_: Any) -> None:
+    def handle(note: Any = None, keys: Any = (), heard: Any = False, **_: Any) -> None:
+        worker = worker_ref()
+        if heard is True and worker is not None:
+            _HEARD[worker] = adapter.scheduler_connection(worker)
         if not isinstance(note, str):
             return
         try:
-            worker = worker_ref()
             if worker is not None and len(notes) > 2 * adapter.task_count(worker) + 10_000:
                 _prune(worker, notes)  # before these keys: their tasks come after this message
             for key in keys:
@@ -237,6 +312,13 @@ def _prune(worker: Any, notes: dict[Any, str]) -> None:
     held = adapter.held_keys(worker)
     for key in [key for key in notes if key not in held]:
         del notes[key]
+
+
+def heard_by_scheduler(worker: Any) -> bool:
+    """Whether the worker's scheduler, on the current connection, said it heard the worker
+    read notes: from then on every task's note comes ahead of the task."""
+    connection = adapter.scheduler_connection(worker)
+    return connection is not None and _HEARD.get(worker) is connection
 
 
 def note_of(worker: Any, key: Any) -> str | None:

@@ -30,14 +30,19 @@ runs per task. :class:`SchedulerTelemetryPlugin` does these things:
   :func:`leave_cluster`), so the last one to ``uninstrument()`` takes the plugins off
   and the others keep theirs.
 
-Events go out on the ``otel-graph`` topic (``Scheduler.log_event``); an instrumented
-client subscribes to it. Where the scheduler runs in a process without otel_graph
+Events go out on the ``otel-graph`` topic, to the clients subscribed to it (an
+instrumented client is), and nowhere else: the scheduler does not keep them, so its
+event log (``get_events()``, the dashboard) and other plugins never see them. Workers
+say what the plugin needs (that they read task contexts; their delivery reports) on
+their streams to the scheduler, inside the ``keep-alive`` messages every scheduler
+takes and ignores (:func:`.adapter.say_to_scheduler`). Where the scheduler runs in a process without otel_graph
 instrumented (``dask scheduler --preload otel_graph``), the gauges use an SDK built
 from that process's own ``OTEL_*`` variables.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import weakref
@@ -48,7 +53,15 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from otel_graph.cluster import adapter, fine_metrics, ledger
-from otel_graph.cluster.propagation import COMPUTE_OP, Routes, on_compute, seal_env, traceparent_of, unseal_env
+from otel_graph.cluster.propagation import (
+    COMPUTE_OP,
+    Routes,
+    heard_listening,
+    on_compute,
+    seal_env,
+    traceparent_of,
+    unseal_env,
+)
 from otel_graph.events import OTHER_PREFIXES
 
 logger = logging.getLogger("otel_graph")
@@ -58,6 +71,8 @@ TOPIC = "otel-graph"
 
 _SCHEDULERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # scheduler -> our plugin on it
 _GAUGED: weakref.WeakSet = weakref.WeakSet()  # meter providers that already have the gauges
+#: How long joining a cluster waits for its workers to say they read task contexts.
+JOIN_WAIT_S = 1.0
 #: Computes whose submitting client is remembered, for the event of a lost worker.
 _MAX_OWNERS = 4096
 #: Rows of lost telemetry one worker-lost event carries at most; past it, a compute's
@@ -156,6 +171,7 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
     async def start(self, scheduler: Any) -> None:  # the scheduler gathers its plugins' starts: async only
         self._scheduler = scheduler
         adapter.add_stream_handler(scheduler, COMPUTE_OP, on_compute(weakref.ref(scheduler), PLUGIN_NAME))
+        adapter.read_worker_says(scheduler, _worker_says(weakref.ref(scheduler)))
         try:
             from otel_graph.cluster.worker import adopt_client_env
 
@@ -205,13 +221,8 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
             self._owners.move_to_end(traceparent)
             while len(self._owners) > _MAX_OWNERS:
                 self._owners.popitem(last=False)
-            scheduler.log_event(TOPIC, {"op": "graph", "traceparent": traceparent,
-                                        "tasks": len(tasks), "client": str(client)})
-
-    def add_worker(self, scheduler: Any, worker: str) -> None:
-        # It gets our worker plugin with its registration, set up before it reads its stream.
-        if PLUGIN_NAME in getattr(scheduler, "worker_plugins", {}):
-            self.routes.ready.add(worker)
+            adapter.publish(scheduler, TOPIC, {"op": "graph", "traceparent": traceparent,
+                                               "tasks": len(tasks), "client": str(client)})
 
     def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
         if finish == "processing":
@@ -253,10 +264,14 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
                 except Exception:
                     logger.debug("otel_graph: could not hand a stolen task's context over", exc_info=True)
             return
-        if topic != ledger.TOPIC or not isinstance(msg, dict):
-            return
-        worker = msg.get("worker")
-        if not isinstance(worker, str) or worker not in getattr(self._scheduler, "workers", ()):
+        if topic == ledger.TOPIC and isinstance(msg, dict):
+            # A worker that was not told the scheduler reads its reports on its stream.
+            self.delivery_report(msg.get("worker"), msg)
+
+    def delivery_report(self, worker: Any, msg: Any) -> None:
+        """A worker's report of what its exporter delivered (:mod:`.ledger`)."""
+        if not isinstance(msg, dict) or not isinstance(worker, str) \
+                or worker not in getattr(self._scheduler, "workers", ()):
             return
         try:
             if not self._current(worker, msg.get("session")):
@@ -286,6 +301,7 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
 
     def remove_client(self, scheduler: Any, client: str) -> None:
         self.clients.discard(client)
+        self.routes.client_gone(client)
 
     def remove_worker(self, scheduler: Any, worker: str, *, stimulus_id: str = "", **kwargs: Any) -> None:
         # A retiring worker delivers its own on its way out, after the scheduler let it go
@@ -299,7 +315,7 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
         self.routes.worker_gone(str(worker))
         # Task metrics are not per compute: one instrumented client records the lost runs.
         recorder = min(self.clients) if self.clients else ""
-        scheduler.log_event(TOPIC, {"op": "worker-lost", "worker": str(worker), "time": time.time(),
+        adapter.publish(scheduler, TOPIC, {"op": "worker-lost", "worker": str(worker), "time": time.time(),
                                     "stimulus_id": str(stimulus_id), "lost": lost, "lost_runs": runs,
                                     "runs_recorder": recorder})
 
@@ -318,19 +334,37 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
                  row.start_s, row.stop_s] for row in lost]
 
 
+def _worker_says(scheduler_ref: weakref.ref) -> Any:
+    """What the scheduler does with what a worker says (:func:`.adapter.say_to_scheduler`):
+    that it reads task contexts, and its delivery reports."""
+
+    def heard(worker: Any, payload: Any) -> None:
+        scheduler = scheduler_ref()
+        plugin = _our_plugin(scheduler) if scheduler is not None else None
+        if plugin is None or not isinstance(payload, dict) or not isinstance(worker, str):
+            return
+        if heard_listening(payload):
+            plugin.routes.heard(scheduler, worker)
+        if "report" in payload:
+            plugin.delivery_report(worker, payload["report"])
+
+    return heard
+
+
 def _our_plugin(dask_scheduler: Any) -> Any:
     plugin = dask_scheduler.plugins.get(PLUGIN_NAME)
     return plugin if hasattr(plugin, "clients") else None
 
 
-def join_cluster(dask_scheduler: Any = None, client_id: str = "") -> dict[str, Any]:
+async def join_cluster(dask_scheduler: Any = None, client_id: str = "") -> dict[str, Any]:
     """Run on the scheduler (``Client.run_on_scheduler``) by a client that instruments it,
     once it has registered the plugins.
 
-    Every worker connected now has our worker plugin (registering it waited for each to
-    set it up, or it was already there): they all read task contexts from here on.
     ``clients``: the instrumented clients using the cluster (0: our plugin is not there);
     ``contexts``: the op the client sends a graph's context with, if the scheduler reads it.
+    Workers that just set our plugin up say so on their streams, which may lag this call:
+    it waits for them, :data:`JOIN_WAIT_S` at most (a worker without otel_graph, or with
+    an earlier one, never says so: its tasks get no context, and it keeps its stream).
     """
     plugin = _our_plugin(dask_scheduler)
     if plugin is None:
@@ -340,8 +374,9 @@ def join_cluster(dask_scheduler: Any = None, client_id: str = "") -> dict[str, A
         plugin.observe(dask_scheduler)
     except Exception as exc:
         logger.warning("otel_graph: scheduler gauges are off: %s", exc)
-    if PLUGIN_NAME in getattr(dask_scheduler, "worker_plugins", {}):
-        plugin.routes.ready.update(dask_scheduler.workers)
+    deadline = time.monotonic() + JOIN_WAIT_S
+    while not set(dask_scheduler.workers) <= plugin.routes.ready and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)  # what the workers say comes on their streams, unsignalled
     contexts = COMPUTE_OP if adapter.handles(dask_scheduler, COMPUTE_OP) else None
     return {"clients": len(plugin.clients), "contexts": contexts}
 

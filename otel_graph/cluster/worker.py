@@ -53,7 +53,9 @@ from opentelemetry.metrics import Observation
 from otel_graph.cluster import adapter, ledger
 from otel_graph.cluster.propagation import (
     budget_of,
+    heard_by_scheduler,
     listen_on_worker,
+    say_listening,
     parent_span,
     seal_env,
     take_note,
@@ -73,6 +75,8 @@ _DONE = frozenset({"memory", "error"})
 _MAX_TRACES = 4096
 #: A compute with no task on this worker for this long is settled (flush and exit settle at once).
 SETTLE_AFTER_S = 30.0
+#: How long a run recorded before the scheduler heard this worker waits for its note.
+LATE_NOTE_S = 5.0
 _MAX_FAILED_TRACKED = 10_000  # per compute; a retry of a failure past it reads as a first run
 #: Failed keys remembered over all computes (~100 B each): past it the oldest computes'
 #: are let go, so a retry of theirs reads as a first run. Without it only _MAX_TRACES x
@@ -138,6 +142,7 @@ class WorkerTelemetry:
         self._emitter = providers.emitter
         self._metrics = providers.instruments.task_metrics
         self._pending: list[adapter.TaskRun] = []
+        self._unnoted: list[adapter.TaskRun] = []  # runs waiting for a late note (_with_late_notes)
         self._traces: OrderedDict[str, _Trace] = OrderedDict()
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -193,8 +198,9 @@ class WorkerTelemetry:
     def report_deliveries(self, *, closing: bool = False) -> bool:
         """Tell the scheduler what this worker's exporter delivered since the last report.
 
-        From any thread: ``Worker.log_event`` hands the message to the event loop, which
-        puts it on the worker's stream after the ``task-finished`` messages of those tasks.
+        From any thread: the message goes to the event loop, which puts it on the worker's
+        stream after the ``task-finished`` messages of those tasks
+        (:func:`.adapter.say_to_scheduler`: nothing the scheduler keeps or shows).
         The last one says the worker is ``closing``: what is left, it delivers on its way
         out or counts as undelivered itself.
         """
@@ -213,8 +219,9 @@ class WorkerTelemetry:
         self._said_closing = closing
         connected = adapter.stream_open(worker)  # else distributed drops the message
         try:
-            worker.log_event(ledger.TOPIC, {"delivered": rows, "metrics": points, "closing": closing,
-                                            "session": self._session})
+            # Where the scheduler has otel_graph's plugin; any other ignores it.
+            adapter.say_to_scheduler(worker, {"report": {"delivered": rows, "metrics": points, "closing": closing,
+                                                         "session": self._session}})
         except Exception:  # the worker's loop is gone: so is the scheduler's ledger of it
             return False
         self._joined = self._joined or connected
@@ -303,6 +310,7 @@ class WorkerTelemetry:
         count = len(self._pending)
         events = self._pending[:count]
         del self._pending[:count]  # appends from the event loop land after `count`
+        events = self._with_late_notes(events, hold=not settle_all)
         if self._in_process:
             self._follow_live()
         now = time.monotonic()
@@ -330,6 +338,33 @@ class WorkerTelemetry:
         for state in self._traces.values():
             if settle_all or now - state.last_seen >= SETTLE_AFTER_S:
                 state.settle()
+
+    def _with_late_notes(self, events: list[adapter.TaskRun], *, hold: bool) -> list[adapter.TaskRun]:
+        """Runs with their notes, where a note came after the run was recorded.
+
+        The first tasks a scheduler sends a new worker go before it has heard that the
+        worker reads notes; it hands those over when it does (:mod:`.propagation`). Until
+        then, a run without a note is held, :data:`LATE_NOTE_S` at most, for its note.
+        """
+        held, self._unnoted = self._unnoted, []
+        if held:
+            events = held + events
+        worker = self._worker_ref()
+        if not events or worker is None:
+            return events
+        heard = heard_by_scheduler(worker)
+        now_ns = time.time_ns()
+        ready = []
+        for ev in events:
+            if ev.note is None:
+                note = take_note(worker, ev.key)
+                if note is not None:
+                    ev = ev._replace(note=note)
+                elif hold and not heard and now_ns - ev.end_ns < LATE_NOTE_S * 1e9:
+                    self._unnoted.append(ev)
+                    continue
+            ready.append(ev)
+        return ready
 
     def _trace(self, traceparent: str, note: Any) -> _Trace | None:
         state = self._traces.get(traceparent)
@@ -757,8 +792,9 @@ class WorkerTelemetryPlugin(WorkerPlugin):
 
     def setup(self, worker: Any) -> None:
         self._worker = worker
-        try:  # first: the scheduler counts this worker as reading task contexts once set up
+        try:  # first: the scheduler sends task contexts once this worker says it reads them
             listen_on_worker(worker)
+            say_listening(worker)
         except Exception:
             logger.debug("otel_graph: cannot read task contexts on this worker", exc_info=True)
         try:
