@@ -167,3 +167,28 @@ def test_a_graph_sent_where_its_context_cannot_follow_is_counted(telemetry, clie
     (compute,) = telemetry.roots()
     assert telemetry.children(compute) == []
     assert telemetry.handle.stats()["computes_without_task_context"] == 1
+
+
+def test_after_a_reconnect_to_the_same_scheduler_tasks_get_their_context_again(telemetry, client):
+    assert client.submit(inc, 1).result() == 2
+    before = client.scheduler_comm
+    client.sync(before.comm.close)  # the connection drops; distributed reconnects the client
+    assert wait_until(lambda: client.scheduler_comm is not before and client.status == "running")
+    # The first call on the new connection goes before the scheduler said it reads contexts there.
+    assert client.submit(inc, 2).result() == 3
+    assert telemetry.handle.stats()["computes_without_task_context"] == 1
+    assert wait_until(lambda: telemetry.handle._cluster._streams.get(client) is client.scheduler_comm)
+    assert client.submit(inc, 3).result() == 4
+    assert wait_until(lambda: len(telemetry.children(telemetry.roots()[-1])) == 1)
+    assert telemetry.handle.stats()["computes_without_task_context"] == 1
+
+
+def test_a_distributed_span_still_decorates(telemetry, client):
+    @distributed.span("decorated")
+    def job(x: int) -> int:
+        return client.submit(inc, x).result()
+
+    assert job(1) == 2 and job(2) == 3
+    decorated = named(telemetry, "decorated")
+    assert len(decorated) == 2 and decorated[0].attributes["dask.span.id"] != decorated[1].attributes["dask.span.id"]
+    assert {c.parent.span_id for c in telemetry.roots()} == {s.context.span_id for s in decorated}

@@ -159,6 +159,8 @@ class ClusterCapture:
         self._streams: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         #: Traced calls whose graph went without its context: the scheduler could not read it.
         self.unannounced = 0
+        #: Streams whose scheduler was asked again whether it reads contexts (:meth:`_reprobe`).
+        self._probed: weakref.WeakSet = weakref.WeakSet()
         #: ``distributed.span`` blocks as spans (:mod:`.spans`).
         self._spans = SpanCapture(tracker.tracer)
 
@@ -166,7 +168,9 @@ class ClusterCapture:
     def install(self) -> None:
         from distributed import Client
 
-        for name in (*_WRAPPED, "start", _SENDS):
+        # A distributed without it (renamed one day) gets no contexts sent: computes are
+        # traced, their tasks counted, without spans (stats() says how many).
+        for name in (*_WRAPPED, "start", *([_SENDS] if _SENDS in Client.__dict__ else [])):
             original = Client.__dict__[name]
             self._originals[name] = original
             wrap = {"start": self._wrap_start, _SENDS: self._wrap_send}.get(name)
@@ -221,10 +225,7 @@ class ClusterCapture:
             if self._register:
                 await asyncio.wait_for(self._join_async(client), CLUSTER_TIMEOUT_S)
             else:
-                stream = adapter.scheduler_stream(client)
-                answer = await asyncio.wait_for(client.run_on_scheduler(contexts_read), CLUSTER_TIMEOUT_S)
-                if answer == COMPUTE_OP and stream is not None and adapter.scheduler_stream(client) is stream:
-                    self._streams[client] = stream
+                await asyncio.wait_for(self._probe_async(client), CLUSTER_TIMEOUT_S)
         except Exception as exc:
             logger.warning("otel_graph: registering otel_graph's plugins failed: %s", type(exc).__name__)
         self._subscribe(client, again=again)
@@ -306,6 +307,29 @@ class ClusterCapture:
                                 "asking the scheduler about trace contexts")
         if done and answer == COMPUTE_OP and stream is not None and adapter.scheduler_stream(client) is stream:
             self._streams[client] = stream
+
+    async def _probe_async(self, client: Any) -> None:
+        stream = adapter.scheduler_stream(client)
+        answer = await client.run_on_scheduler(contexts_read)
+        if answer == COMPUTE_OP and stream is not None and adapter.scheduler_stream(client) is stream:
+            self._streams[client] = stream
+
+    def _reprobe(self, client: Any) -> None:
+        """The client's stream is not the one its scheduler said it reads contexts on (it
+        reconnected, to the same scheduler or another): ask again, once per stream, in the
+        background. Calls until the answer go without their context (counted)."""
+        stream = adapter.scheduler_stream(client)
+        if stream is None or stream in self._probed or getattr(client, "status", "") != "running":
+            return
+        self._probed.add(stream)
+
+        async def probe() -> None:
+            try:
+                await asyncio.wait_for(self._probe_async(client), CLUSTER_TIMEOUT_S)
+            except Exception:
+                logger.debug("otel_graph: could not ask the scheduler about trace contexts", exc_info=True)
+
+        client.loop.add_callback(probe)
 
     def _leave(self, client: Any) -> Callable[[], Any] | None:
         """Stop listening to ``client``'s cluster; the blocking call that takes the plugins off, if any."""
@@ -480,6 +504,8 @@ class ClusterCapture:
             stream = self._streams.get(client)
             if stream is None or adapter.scheduler_stream(client) is not stream:
                 self.unannounced += 1
+                if stream is not None:
+                    self._reprobe(client)
                 return
             message = compute_message(note, graph.get("keys") or ())
 
@@ -487,7 +513,10 @@ class ClusterCapture:
                 # Only on the connection the scheduler said it reads them on: a new
                 # scheduler without our plugin would close the stream on an unknown op.
                 if adapter.scheduler_stream(client) is stream:
-                    stream.send(message)
+                    try:
+                        stream.send(message)
+                    except Exception:  # the stream broke: so does the graph's, which distributed says
+                        self.unannounced += 1
 
             client.loop.add_callback(send)
         except Exception:

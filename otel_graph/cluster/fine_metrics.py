@@ -24,8 +24,10 @@ fetching a task's inputs from other workers; ``get-data``: sending data to them;
 (it is derived from thread-seconds available) and is not exported; metrics of a unit
 other than seconds, bytes and count (a user's own, through ``context_meter``) neither.
 
-Series are bounded: past :data:`MAX_SERIES` label sets per scheduler, a new task prefix
-is counted under ``(other prefixes)``, so every second stays counted.
+Series are bounded: past :data:`MAX_PREFIXES` task prefixes per scheduler, a new one is
+counted under ``(other prefixes)``, so every second stays counted; past the SDK's own
+limit on attribute sets per instrument (2,000 by default: many distributed spans, say),
+the SDK counts the rest in one series marked ``otel.metric.overflow``.
 
 They are read (:func:`.adapter.fine_metric_readings`) from the exporter's thread; a change
 in distributed's internals costs these counters (logged once), never the scheduler.
@@ -46,8 +48,8 @@ from otel_graph.events import OTHER_PREFIXES
 
 logger = logging.getLogger("otel_graph")
 
-#: Label sets each instrument reports per scheduler, at most.
-MAX_SERIES = 5000
+#: Task prefixes each instrument keeps apart per scheduler (times activities, about eight).
+MAX_PREFIXES = 200
 #: unit in distributed's key -> instrument.
 _INSTRUMENTS = {"seconds": ("dask.activity.time", "s", "Time workers spent, by activity (fine performance metrics)."),
                 "bytes": ("dask.activity.size", "By", "Bytes workers handled, by activity (fine performance metrics)."),
@@ -60,8 +62,6 @@ class _Admitted:
 
     def __init__(self) -> None:
         self.prefixes: set[str] = set()
-        self.series = 0
-        self.warned = False
 
 
 _ADMITTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -78,9 +78,8 @@ def collect(scheduler: Any) -> dict[str, dict[Key, float]]:
             continue
         context, activity, middle = str(key[0]), str(key[-1]), "/".join(str(part) for part in key[1:-1])
         if context == "execute" and middle not in admitted.prefixes:
-            if admitted.series < MAX_SERIES:
+            if len(admitted.prefixes) < MAX_PREFIXES:
                 admitted.prefixes.add(middle)
-                admitted.series += 1
             else:
                 middle = OTHER_PREFIXES
         totals[unit][(span, context, middle, activity)] += value

@@ -231,11 +231,14 @@ def on_compute(scheduler_ref: weakref.ref, plugin_name: str) -> Any:
     """The scheduler's handler of COMPUTE_OP (left in place: a client may still send one)."""
 
     def handle(client: str = "", note: Any = None, sample: Any = None, **_: Any) -> None:
-        scheduler = scheduler_ref()
-        plugin = scheduler.plugins.get(plugin_name) if scheduler is not None else None
-        routes = getattr(plugin, "routes", None)
-        if isinstance(routes, Routes) and client:
-            routes.expect(str(client), note, sample)
+        try:  # a handler that raises closes the client's stream
+            scheduler = scheduler_ref()
+            plugin = scheduler.plugins.get(plugin_name) if scheduler is not None else None
+            routes = getattr(plugin, "routes", None)
+            if isinstance(routes, Routes) and client:
+                routes.expect(str(client), note, sample)
+        except Exception:
+            logger.debug("otel_graph: unreadable compute context", exc_info=True)
 
     return handle
 

@@ -241,7 +241,9 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
         if worker is None or self._scheduler is None or not self._ledger.keeps(worker):
             return
         try:
-            run = adapter.finished_run(self._scheduler, key, kwargs, note=self.routes.notes.get(key))
+            # Only a worker the notes go to has spans of the run to deliver (or lose).
+            note = self.routes.notes.get(key) if worker in self.routes.ready else None
+            run = adapter.finished_run(self._scheduler, key, kwargs, note=note)
             if run is None:
                 return
             failed = finish == "erred"

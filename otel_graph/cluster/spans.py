@@ -30,6 +30,7 @@ span), without a span of their own.
 from __future__ import annotations
 
 import logging
+from contextlib import ContextDecorator
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -75,8 +76,12 @@ def drop_own_frame(exc: BaseException) -> None:
         exc.__traceback__ = tb.tb_next
 
 
-class _Traced:
-    """distributed's context manager for one ``span(*tags)`` call, and its OTel spans."""
+class _Traced(ContextDecorator):
+    """distributed's context manager for one ``span(*tags)`` call, and its OTel spans.
+
+    A decorator too, as distributed's is (``@distributed.span("load")``): each call of
+    the decorated function enters a fresh one.
+    """
 
     __slots__ = ("_inner", "_tracer", "_levels", "_opened")
 
@@ -85,6 +90,9 @@ class _Traced:
         self._tracer = tracer
         self._levels = levels  # span("a", "b") opens two nested spans
         self._opened: list[tuple[trace.Span, object]] = []
+
+    def _recreate_cm(self) -> _Traced:
+        return _Traced(self._inner._recreate_cm(), self._tracer, self._levels)
 
     def __enter__(self) -> Any:
         try:
@@ -119,10 +127,7 @@ class _Traced:
                     span.set_attribute("error.type", type(error).__qualname__)
                     span.set_status(Status(StatusCode.ERROR, type(error).__qualname__))
                 span.end()
-                try:
-                    otel_context.detach(token)
-                except Exception:  # left in another context than it was entered in
-                    pass
+                otel_context.detach(token)  # logs, never raises, if left in another context
         except Exception:
             logger.debug("otel_graph: could not end a distributed span's span", exc_info=True)
         return self._inner.__exit__(kind, error, traceback)

@@ -3,8 +3,9 @@
 ``python -m pytest -p otel_graph_peer ...`` (with this directory on ``PYTHONPATH``) calls
 ``otel_graph.instrument_scheduler()`` once, before any test is collected, exactly as a
 user would at start-up; the ``OTEL_*`` variables the runner sets say where it exports.
-At the end it flushes and writes what it delivered to ``$OTEL_GRAPH_PEER_STATS``, so the
-runner can show that the run was instrumented for real.
+At the end it flushes and writes what it delivered to ``$OTEL_GRAPH_PEER_STATS``, one file
+per process (``.<xdist worker id>`` appended in pytest-xdist's workers, which run the
+tests), so the runner can show that the run was instrumented for real.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ def pytest_unconfigure(config: Any) -> None:
         return
     _handle.flush(30.0)
     path = os.environ.get("OTEL_GRAPH_PEER_STATS")
+    worker = getattr(config, "workerinput", {}).get("workerid")
+    if path and worker:
+        path = f"{path}.{worker}"
     if path:
         with open(path, "w", encoding="utf-8") as out:
             json.dump(_handle.stats(), out)

@@ -121,11 +121,17 @@ def main(argv: list[str] | None = None) -> int:
         instrumented_env = {**base, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.grpc_endpoint,
                             "OTEL_EXPORTER_OTLP_INSECURE": "true", "OTEL_SERVICE_NAME": "peer-tests",
                             "OTEL_GRAPH_PEER_STATS": str(out / "instrumented-stats.json")}
-        runs = {}
+        if not (args.reuse and (out / "instrumented.xml").exists()):
+            for old in out.glob("instrumented-stats.json*"):
+                old.unlink()
+        runs, ran = {}, set()
         for mode, env in (("plain", base), ("instrumented", instrumented_env)):
             junit = out / f"{mode}.xml"
-            took = 0.0 if args.reuse and junit.exists() else _pytest(src, args.files, junit, instrumented=mode == "instrumented", workers=args.workers,
-                           env=env, timeout_s=args.timeout)
+            took = 0.0
+            if not (args.reuse and junit.exists()):
+                took = _pytest(src, args.files, junit, instrumented=mode == "instrumented", workers=args.workers,
+                               env=env, timeout_s=args.timeout)
+                ran.add(mode)
             runs[mode] = {_nodeid(node, src): outcome for node, outcome in _outcomes(junit).items()}
             print(f"{mode}: {len(runs[mode])} tests in {took:.0f} s: "
                   + ", ".join(f"{sum(1 for o in runs[mode].values() if o == kind)} {kind}"
@@ -151,8 +157,10 @@ def main(argv: list[str] | None = None) -> int:
         spans = len(receiver.spans())
     known = {node: KNOWN[node] for node in different if node in KNOWN}
     unexplained = [node for node in different if node not in KNOWN]
-    stats_path = out / "instrumented-stats.json"
-    stats = json.loads(stats_path.read_text()) if stats_path.exists() else {}
+    stats: dict[str, int] = {}
+    for path in out.glob("instrumented-stats.json*"):  # the controller's and each xdist worker's
+        for name, value in json.loads(path.read_text()).items():
+            stats[name] = stats.get(name, 0) + value
     summary = {"plain": _counts(plain), "instrumented": _counts(instrumented), "spans_received": spans,
                "instrumented_stats": stats,
                "differ": {node: [plain.get(node, "missing"), instrumented.get(node, "missing")] for node in different},
@@ -166,6 +174,11 @@ def main(argv: list[str] | None = None) -> int:
     for node in unexplained:
         print(f"DIFFERS: {node}: plain {plain.get(node, 'missing')}, instrumented {instrumented.get(node, 'missing')}")
     print(f"{len(unexplained)} unexplained differences, {len(known)} known, {len(flaky)} flaky")
+    # A run that ran nothing, or an instrumented one that sent nothing, proves nothing.
+    empty = [mode for mode, outcomes in runs.items() if not any(o == "passed" for o in outcomes.values())]
+    if empty or (not spans and "instrumented" in ran):
+        print(f"NOTHING TO COMPARE: {', '.join(empty) or 'no spans received'} (see the .log files in {out})")
+        return 1
     return 1 if unexplained else 0
 
 
