@@ -162,10 +162,16 @@ def test_fine_performance_metrics_are_counters_by_span_prefix_and_activity(telem
 def test_a_graph_sent_where_its_context_cannot_follow_is_counted(telemetry, client):
     # As for a scheduler that said it does not read contexts (our plugin could not be put there).
     capture = telemetry.handle._cluster
-    capture._streams.pop(client)
-    assert client.submit(inc, 5).result() == 6
-    (compute,) = telemetry.roots()
-    assert telemetry.children(compute) == []
+    stream = capture._streams.pop(client)
+    worker = sorted(client.scheduler_info()["workers"])[0]
+    assert client.submit(inc, 5, workers=[worker]).result() == 6
+    assert telemetry.handle.stats()["computes_without_task_context"] == 1
+    capture._streams[client] = stream
+    assert client.submit(inc, 6, workers=[worker]).result() == 7
+    # A later run on the same worker has its span: the first one's would have come by now.
+    assert wait_until(lambda: len(telemetry.roots()) == 2 and telemetry.children(telemetry.roots()[1]))
+    without, traced = telemetry.roots()
+    assert telemetry.children(without) == [] and len(telemetry.children(traced)) == 1
     assert telemetry.handle.stats()["computes_without_task_context"] == 1
 
 
@@ -178,9 +184,37 @@ def test_after_a_reconnect_to_the_same_scheduler_tasks_get_their_context_again(t
     assert client.submit(inc, 2).result() == 3
     assert telemetry.handle.stats()["computes_without_task_context"] == 1
     assert wait_until(lambda: telemetry.handle._cluster._streams.get(client) is client.scheduler_comm)
+    # The scheduler let the client go with its connection; it counts it as instrumented again.
+    plugin = client.cluster.scheduler.plugins["otel-graph"]
+    assert wait_until(lambda: client.id in plugin.clients)
     assert client.submit(inc, 3).result() == 4
     assert wait_until(lambda: len(telemetry.children(telemetry.roots()[-1])) == 1)
     assert telemetry.handle.stats()["computes_without_task_context"] == 1
+
+
+def drop_our_scheduler_plugin(dask_scheduler) -> None:
+    dask_scheduler.remove_plugin(name="otel-graph")
+
+
+def test_a_scheduler_plugin_put_there_anew_knows_which_workers_read_contexts(telemetry, client, cluster):
+    assert client.submit(inc, 1).result() == 2
+    client.run_on_scheduler(drop_our_scheduler_plugin)
+    # The workers keep their plugin, so they say nothing again; the new scheduler plugin
+    # must still hand them their tasks' contexts.
+    with distributed.Client(cluster) as other:
+        assert "otel-graph" in cluster.scheduler.plugins
+        assert other.gather(other.map(inc, range(8))) == list(range(1, 9))
+        compute = telemetry.roots()[-1]
+        assert wait_until(lambda: len(telemetry.children(compute)) == 8)
+
+
+def test_the_schedulers_event_log_holds_nothing_of_ours(telemetry, client):
+    assert client.gather(client.map(inc, range(4))) == [1, 2, 3, 4]
+    (compute,) = telemetry.roots()
+    assert wait_until(lambda: len(telemetry.children(compute)) == 4)
+    assert compute.attributes["dask.graph.tasks"] == 4  # the graph event did come
+    topics = set(client.get_events())
+    assert not {t for t in topics if "otel" in str(t)}, topics
 
 
 def test_a_distributed_span_still_decorates(telemetry, client):

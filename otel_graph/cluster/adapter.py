@@ -39,6 +39,7 @@ Every function here tolerates a missing field by returning less, never by raisin
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterable
@@ -46,6 +47,8 @@ from itertools import islice
 from typing import Any, NamedTuple
 
 from otel_graph.events import ErrorInfo, describe_exception, safe_text
+
+logger = logging.getLogger("otel_graph")
 
 #: Dependency keys kept per task; the count is always kept in full.
 MAX_DEPENDENCIES = 32
@@ -358,7 +361,7 @@ def read_worker_says(scheduler: Any, reader: Any) -> bool:
             try:
                 reader(kwargs.get("worker"), payload)
             except Exception:  # what a worker says costs its telemetry, never the stream
-                pass
+                logger.debug("otel_graph: could not read what a worker said", exc_info=True)
         return original(*args, **kwargs)
 
     keep_alive.otel_graph_reader = reader  # type: ignore[attr-defined]
@@ -433,6 +436,13 @@ def publish(scheduler: Any, topic: str, msg: Any) -> None:
         return
     event = {"op": "event", "topic": topic, "event": (time.time(), msg)}
     scheduler.send_all({client: [event] for client in list(subscribers)}, worker_msgs={})
+
+
+def worker_state(scheduler: Any, address: str) -> Any:
+    """The scheduler's ``WorkerState`` of a worker: a new one each time the worker
+    (re)connects; None once it is gone."""
+    workers = getattr(scheduler, "workers", None)
+    return workers.get(address) if workers is not None else None
 
 
 def worker_stream(scheduler: Any, address: str) -> Any:

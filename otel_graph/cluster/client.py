@@ -285,6 +285,8 @@ class ClusterCapture:
     async def _join_async(self, client: Any) -> None:
         stream = adapter.scheduler_stream(client)
         for _ in range(2):
+            if self._closed:
+                return
             for plugin in self._plugins():
                 await client.register_plugin(plugin, name=PLUGIN_NAME)
             if self._joined(client, stream, await client.run_on_scheduler(join_cluster, client_id=client.id)):
@@ -325,8 +327,12 @@ class ClusterCapture:
 
         async def probe() -> None:
             try:
-                await asyncio.wait_for(self._probe_async(client), CLUSTER_TIMEOUT_S)
+                # Joins again where it registers: the scheduler let the client go when its
+                # connection broke (remove_client), so it no longer counts as instrumented.
+                ask = self._join_async(client) if self._register else self._probe_async(client)
+                await asyncio.wait_for(ask, CLUSTER_TIMEOUT_S)
             except Exception:
+                self._probed.discard(stream)  # the next traced call asks again
                 logger.debug("otel_graph: could not ask the scheduler about trace contexts", exc_info=True)
 
         client.loop.add_callback(probe)

@@ -23,7 +23,7 @@ read them (a stream message nobody handles would close the connection):
    A worker says so once its stream is up, so the first tasks sent to a new worker go
    before: the scheduler keeps their keys and hands their notes over when it hears from
    the worker (:meth:`Routes.heard`), and the worker holds the runs it has no note for
-   until then (:func:`heard_by_scheduler`).
+   until then (:func:`awaiting_notes`).
 
 A note is one short string:
 
@@ -65,6 +65,9 @@ TASKS_OP = "otel-graph-tasks"
 _MAX_EXPECTED = 4096
 #: Traced tasks a worker that has not yet said it reads their notes may be sent, at most.
 _MAX_WAITING = 100_000
+#: How long the scheduler keeps the keys of a worker that has not said it reads notes: a
+#: worker without otel_graph (or of an earlier one) never says so.
+_WAIT_S = 60.0
 
 
 def make_note(context: SpanContext, *, budget: int | None) -> str:
@@ -131,8 +134,9 @@ class Routes:
         self.notes: dict[Any, str] = {}
         #: Workers that said they read TASKS_OP (:func:`say_listening`), on their current stream.
         self.ready: set[str] = set()
-        #: worker -> keys of traced tasks sent there before it said so: handed over when it does.
-        self._waiting: dict[str, list[Any]] = {}
+        #: worker -> (since, keys of traced tasks sent there before it said it reads their
+        #: notes): handed over when it does, forgotten after :data:`_WAIT_S`.
+        self._waiting: dict[str, tuple[float, set[Any]]] = {}
         #: worker -> (stimulus id, note, stream, position, message): the message of this step,
         #: while it is still unsent at that position of the stream's buffer.
         self._open: dict[str, tuple[str, str, Any, int, dict]] = {}
@@ -179,11 +183,7 @@ class Routes:
         if address is None:
             return
         if address not in self.ready:
-            waiting = self._waiting.setdefault(address, [])
-            if len(waiting) < _MAX_WAITING:
-                waiting.append(key)
-            else:
-                self.unready += 1
+            self._wait(address, key)
             return
         stream = adapter.worker_stream(scheduler, address)
         if stream is None:
@@ -202,24 +202,46 @@ class Routes:
             self._open[address] = (stimulus_id, note, stream, position, message)
         self.handed += 1
 
+    def _wait(self, address: str, key: Any) -> None:
+        now = time.monotonic()
+        since, keys = self._waiting.get(address) or (now, set())
+        if now - since > _WAIT_S:  # it never said so: its tasks run without their context
+            self.unready += len(keys) + 1
+            self._waiting[address] = (since, set())
+            return
+        if len(keys) < _MAX_WAITING:
+            keys.add(key)
+            self._waiting[address] = (since, keys)
+        else:
+            self.unready += 1
+
+    def counted(self, address: str, key: Any) -> str | None:
+        """The note of a run that finished on ``address``, if the worker had it (or will):
+        only such a run has spans to deliver, or to lose."""
+        if address in self.ready:
+            return self.notes.get(key)
+        waiting = self._waiting.get(address)
+        return self.notes.get(key) if waiting is not None and key in waiting[1] else None
+
     def heard(self, scheduler: Any, address: str) -> None:
-        """The worker said it reads TASKS_OP: say it was heard, and hand it the notes of the
-        tasks sent there before (a worker holds the runs it finds no note for until then)."""
+        """The worker said it reads TASKS_OP: hand it the notes of the tasks sent there
+        before, then say it was heard (a worker holds the runs it finds no note for until
+        then, and takes their notes once more when it hears this)."""
         if address in self.ready or address not in getattr(scheduler, "workers", ()):
             return
         stream = adapter.worker_stream(scheduler, address)
         if stream is None:
             return
         self.ready.add(address)
-        stream.send({"op": TASKS_OP, "note": None, "keys": [], "heard": True})
         by_note: dict[str, list[Any]] = {}
-        for key in self._waiting.pop(address, ()):
+        for key in (self._waiting.pop(address, None) or (0.0, ()))[1]:
             note = self.notes.get(key)
             if note is not None:
                 by_note.setdefault(note, []).append(key)
         for note, keys in by_note.items():
             stream.send({"op": TASKS_OP, "note": note, "keys": keys})
             self.handed += len(keys)
+        stream.send({"op": TASKS_OP, "note": None, "keys": [], "heard": True})
 
     def worker_gone(self, address: str) -> None:
         self.ready.discard(address)
@@ -248,26 +270,30 @@ def on_compute(scheduler_ref: weakref.ref, plugin_name: str) -> Any:
 _WORKER_NOTES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 #: worker -> the connection to its scheduler on which the scheduler said it heard the worker.
 _HEARD: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: worker -> (connection, time.monotonic()) of when it said it reads notes on that connection.
+_SAID: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 #: The scheduler's note of what a worker said (:func:`.adapter.say_to_scheduler`): it reads TASKS_OP.
 LISTENING = {"reads": [TASKS_OP]}
 _SAYING: set[Any] = set()  # asyncio tasks in flight: an unreferenced task may vanish
-#: How long a worker waits for its stream to the scheduler before it gives up saying so.
-_SAY_WITHIN_S = 60.0
 
 
 def say_listening(worker: Any) -> None:
     """Tell the worker's scheduler that it reads TASKS_OP, once its stream is up: a worker
-    sets its plugins up before it starts its stream, and again at every reconnect."""
+    sets its plugins up before it starts its stream (which may take a while: a scheduler
+    not up yet). The scheduler remembers it for the worker's connection, so a scheduler
+    plugin registered later learns it too (see ``scheduler._hear_again``)."""
     import asyncio
 
     async def say() -> None:
-        deadline = time.monotonic() + _SAY_WITHIN_S
+        pause = 0.01
         while not adapter.stream_open(worker):
-            if time.monotonic() > deadline or adapter.is_closing(worker):
+            if adapter.is_closing(worker):
                 return
-            await asyncio.sleep(0.02)  # nothing to wait on: distributed signals no connect
+            await asyncio.sleep(pause)  # nothing to wait on: distributed signals no connect
+            pause = min(pause * 2, 0.25)
+        _SAID[worker] = (adapter.scheduler_connection(worker), time.monotonic())
         adapter.say_to_scheduler(worker, LISTENING)
 
     task = asyncio.ensure_future(say())
@@ -313,15 +339,21 @@ def _prune(worker: Any, notes: dict[Any, str]) -> None:
     notes as it decides, its other messages at the end of the step).
     """
     held = adapter.held_keys(worker)
-    for key in [key for key in notes if key not in held]:
+    for key in [key for key in list(notes) if key not in held]:
         del notes[key]
 
 
-def heard_by_scheduler(worker: Any) -> bool:
-    """Whether the worker's scheduler, on the current connection, said it heard the worker
-    read notes: from then on every task's note comes ahead of the task."""
+def awaiting_notes(worker: Any, *, within_s: float) -> bool:
+    """Whether notes of tasks already run may still come: the scheduler has not said, on
+    the current connection, that it heard the worker read them (from then on every task's
+    note comes ahead of the task), and the worker said so less than ``within_s`` ago, or
+    is about to. A scheduler silent for longer reads no notes (no plugin of ours)."""
     connection = adapter.scheduler_connection(worker)
-    return connection is not None and _HEARD.get(worker) is connection
+    if connection is None or _HEARD.get(worker) is connection:
+        return False
+    said = _SAID.get(worker)
+    # Not said yet on this connection: it is about to (say_listening polls for the stream).
+    return said is None or said[0] is not connection or time.monotonic() - said[1] < within_s
 
 
 def note_of(worker: Any, key: Any) -> str | None:

@@ -71,6 +71,11 @@ TOPIC = "otel-graph"
 
 _SCHEDULERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # scheduler -> our plugin on it
 _GAUGED: weakref.WeakSet = weakref.WeakSet()  # meter providers that already have the gauges
+#: scheduler -> {address: WorkerState} of the workers that said they read task contexts,
+#: on the connection that WorkerState stands for (a reconnect makes a new one). Per
+#: scheduler, not per plugin: a worker says so once, and a plugin registered anew (the
+#: last client left, or a user replaced it) must know it too.
+_LISTENING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 #: How long joining a cluster waits for its workers to say they read task contexts.
 JOIN_WAIT_S = 1.0
 #: Computes whose submitting client is remembered, for the event of a lost worker.
@@ -172,6 +177,7 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
         self._scheduler = scheduler
         adapter.add_stream_handler(scheduler, COMPUTE_OP, on_compute(weakref.ref(scheduler), PLUGIN_NAME))
         adapter.read_worker_says(scheduler, _worker_says(weakref.ref(scheduler)))
+        _hear_again(scheduler, self.routes)
         try:
             from otel_graph.cluster.worker import adopt_client_env
 
@@ -242,7 +248,7 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
             return
         try:
             # Only a worker the notes go to has spans of the run to deliver (or lose).
-            note = self.routes.notes.get(key) if worker in self.routes.ready else None
+            note = self.routes.counted(worker, key)
             run = adapter.finished_run(self._scheduler, key, kwargs, note=note)
             if run is None:
                 return
@@ -308,13 +314,13 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
     def remove_worker(self, scheduler: Any, worker: str, *, stimulus_id: str = "", **kwargs: Any) -> None:
         # A retiring worker delivers its own on its way out, after the scheduler let it go
         # (a worker closing on its own says so first: see the ledger).
+        self.routes.worker_gone(str(worker))
         retired = str(stimulus_id).startswith("retire-workers")
         lost = [] if retired else self._lost_rows(str(worker))
         runs = [] if retired else [list(row) for row in self._runs.lost(str(worker))]
         self._ledger.forget(str(worker))
         self._runs.forget(str(worker))
         self._sessions.pop(str(worker), None)
-        self.routes.worker_gone(str(worker))
         # Task metrics are not per compute: one instrumented client records the lost runs.
         recorder = min(self.clients) if self.clients else ""
         adapter.publish(scheduler, TOPIC, {"op": "worker-lost", "worker": str(worker), "time": time.time(),
@@ -342,15 +348,34 @@ def _worker_says(scheduler_ref: weakref.ref) -> Any:
 
     def heard(worker: Any, payload: Any) -> None:
         scheduler = scheduler_ref()
-        plugin = _our_plugin(scheduler) if scheduler is not None else None
-        if plugin is None or not isinstance(payload, dict) or not isinstance(worker, str):
+        if scheduler is None or not isinstance(payload, dict) or not isinstance(worker, str):
             return
-        if heard_listening(payload):
+        listening = heard_listening(payload)
+        if listening:
+            state = adapter.worker_state(scheduler, worker)
+            if state is not None:
+                said = _LISTENING.setdefault(scheduler, {})
+                for address, known in list(said.items()):  # gone or reconnected since
+                    if adapter.worker_state(scheduler, address) is not known:
+                        del said[address]
+                said[worker] = state
+        plugin = _our_plugin(scheduler)
+        if plugin is None:
+            return
+        if listening:
             plugin.routes.heard(scheduler, worker)
         if "report" in payload:
             plugin.delivery_report(worker, payload["report"])
 
     return heard
+
+
+def _hear_again(scheduler: Any, routes: Routes) -> None:
+    """A plugin new on a running scheduler: the workers that said, on their current
+    connection, that they read task contexts do (they say so once)."""
+    for address, state in list(_LISTENING.get(scheduler, {}).items()):
+        if adapter.worker_state(scheduler, address) is state:
+            routes.heard(scheduler, address)
 
 
 def _our_plugin(dask_scheduler: Any) -> Any:

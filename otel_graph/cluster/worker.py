@@ -52,8 +52,8 @@ from opentelemetry.metrics import Observation
 
 from otel_graph.cluster import adapter, ledger
 from otel_graph.cluster.propagation import (
+    awaiting_notes,
     budget_of,
-    heard_by_scheduler,
     listen_on_worker,
     say_listening,
     parent_span,
@@ -352,7 +352,8 @@ class WorkerTelemetry:
         worker = self._worker_ref()
         if not events or worker is None:
             return events
-        heard = heard_by_scheduler(worker)
+        # Held while the scheduler may still hand notes over; after, one last look each.
+        hold = hold and awaiting_notes(worker, within_s=LATE_NOTE_S)
         now_ns = time.time_ns()
         ready = []
         for ev in events:
@@ -360,7 +361,7 @@ class WorkerTelemetry:
                 note = take_note(worker, ev.key)
                 if note is not None:
                     ev = ev._replace(note=note)
-                elif hold and not heard and now_ns - ev.end_ns < LATE_NOTE_S * 1e9:
+                elif hold and now_ns - ev.end_ns < LATE_NOTE_S * 1e9:
                     self._unnoted.append(ev)
                     continue
             ready.append(ev)
