@@ -78,7 +78,7 @@ class ComputeRecord:
     __slots__ = ("scheduler", "span", "context", "start_ns", "end_ns", "error", "sink", "submitted",
                  "lost", "seen", "in_spans", "graph", "state", "plan", "sampled", "graph_tasks", "cluster",
                  "cluster_events", "task_span_ids", "caller", "parents", "assign_ids", "in_backlog",
-                 "progress_ns", "progress_spans")
+                 "progress_ns", "progress_spans", "outer")
 
     def __init__(self, scheduler: str, span: trace.Span, start_ns: int, *, assign_ids: bool = False) -> None:
         self.scheduler = scheduler
@@ -114,6 +114,8 @@ class ComputeRecord:
         #: The end of the last progress span; None before the first.
         self.progress_ns: int | None = None
         self.progress_spans = 0
+        #: Spans opened around this compute alone, innermost first: they end with it.
+        self.outer: tuple[trace.Span, ...] = ()
 
     def parent_for(self, thread: int) -> TaskParent:
         """The parent of spans started by tasks of this compute on ``thread`` (made once)."""
@@ -519,6 +521,7 @@ class Tracker:
             span.set_attribute("error.type", info.type_name)
             span.set_status(Status(StatusCode.ERROR, f"{info.type_name}: {info.message}"[:1024]))
         span.end(end_time=record.end_ns)
+        _end_outer(record, record.end_ns)
         self._metrics.record_compute((record.end_ns - record.start_ns) / 1e9, record.scheduler, failed)
         self._forget(record)
 
@@ -528,6 +531,7 @@ class Tracker:
         record.span.set_attribute("dask.graph.tasks", record.seen)
         record.span.set_attribute("otel_graph.processing_error", True)
         record.span.end(end_time=record.end_ns or time.time_ns())
+        _end_outer(record, record.end_ns)
 
     def _forget(self, record: ComputeRecord) -> None:
         with self._lock:
@@ -540,3 +544,8 @@ class Tracker:
                     self._wake.notify_all()
         # Drop references to the user's graph and results as soon as we are done.
         record.graph = record.state = record.error = None
+
+
+def _end_outer(record: ComputeRecord, end_ns: int | None) -> None:
+    for span in record.outer:
+        span.end(end_time=end_ns or time.time_ns())

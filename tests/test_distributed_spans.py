@@ -100,11 +100,40 @@ def test_a_span_function_taken_before_instrumenting_still_names_the_computes_spa
     from distributed.spans import span as taken_early
 
     original = taken_early.__wrapped__  # what `from distributed import span` got before otel_graph
-    with original("early"):
+    with original("early") as early_id:
         assert client.submit(inc, 3).result() == 4
-    (compute,) = telemetry.roots()
+    (early,) = named(telemetry, "early")
+    (compute,) = telemetry.children(early)
     assert compute.attributes["dask.span.name"] == "early"
-    assert not named(telemetry, "early")
+    assert dict(early.attributes) == {"dask.span.name": "early", "dask.span.id": early_id}
+    assert early.start_time <= compute.start_time and early.end_time >= compute.end_time
+
+
+def test_each_compute_under_dask_annotate_span_gets_that_span_around_it(client, telemetry):
+    import dask
+
+    with distributed.span("outer") as outer_id:
+        annotation = dask.get_annotations()["span"]
+    inner = {"name": (*annotation["name"], "inner"), "ids": (*annotation["ids"], "inner-id")}
+    with distributed.span("user"):  # an OTel span open around it, of another distributed span
+        with dask.annotate(span=inner):
+            assert client.submit(inc, 1).result() == 2
+            assert client.gather(client.map(inc, range(3))) == [1, 2, 3]
+    (user,) = named(telemetry, "user")
+    block, *outers = named(telemetry, "outer")  # the block's own, then one a compute
+    inners = named(telemetry, "inner")
+    assert block.parent is None and len(outers) == 2 and len(inners) == 2
+    assert all(o.parent.span_id == user.context.span_id for o in outers)
+    assert all(dict(o.attributes) == {"dask.span.name": "outer", "dask.span.id": outer_id} for o in outers)
+    assert all(dict(i.attributes) == {"dask.span.name": "outer/inner", "dask.span.id": "inner-id"} for i in inners)
+    assert {i.parent.span_id for i in inners} == {o.context.span_id for o in outers}
+    computes = telemetry.roots()
+    assert {c.parent.span_id for c in computes} == {i.context.span_id for i in inners}
+    assert wait_until(lambda: sum(len(telemetry.children(c)) for c in telemetry.roots()) == 4)
+    # Under the block's own span, nothing more is opened.
+    with distributed.span("plain"):
+        assert client.submit(inc, 5).result() == 6
+    assert len(named(telemetry, "plain")) == 1 and len(named(telemetry, "outer")) == 3
 
 
 def test_uninstrumenting_puts_distributeds_span_back(telemetry):

@@ -54,7 +54,7 @@ from opentelemetry import trace
 
 from otel_graph.cluster import adapter
 from otel_graph.cluster.propagation import COMPUTE_OP, compute_message, current_task_note, make_note, parent_span
-from otel_graph.cluster.spans import SpanCapture, drop_own_frame, span_attributes
+from otel_graph.cluster.spans import SpanCapture, drop_own_frame, span_attributes, stand_ins
 from otel_graph.cluster.scheduler import TOPIC, SchedulerTelemetryPlugin, contexts_read, join_cluster, leave_cluster
 from otel_graph.cluster.worker import PLUGIN_NAME, WorkerTelemetryPlugin, flush_worker
 
@@ -554,10 +554,11 @@ class ClusterCapture:
     def _enter(self, client: Any) -> tuple[Any, Any, Any] | None:
         """Open the call's compute span; (record, tokens...) or None when it cannot be traced."""
         record = None
+        outer: list[Any] = []
         try:
             self._follow_scheduler(client)
             self.attach(client)
-            record = self._begin()
+            record = self._begin(outer)
             record.cluster = adapter.scheduler_address(client)
             named = span_attributes()  # the distributed span it is submitted in
             if named:
@@ -569,6 +570,9 @@ class ClusterCapture:
         except Exception:
             if record is not None:
                 self._tracker.end(record, None)
+            else:
+                for span in reversed(outer):
+                    span.end()
             self._tracker.failed_to_begin()
             logger.debug("otel_graph: could not open a distributed compute span", exc_info=True)
             return None
@@ -601,7 +605,8 @@ class ClusterCapture:
             logger.debug("otel_graph: could not watch a compute's futures", exc_info=True)
         return result
 
-    def _begin(self) -> Any:
+    def _begin(self, outer: list[Any]) -> Any:
+        """Open the compute span; ``outer`` gets the spans opened around it (:func:`.spans.stand_ins`)."""
         current = trace.get_current_span()
         inside = parent_span(current_task_note())
         # Inside a task, nest under the task's compute, unless the task's own code opened a
@@ -613,7 +618,18 @@ class ClusterCapture:
                 return self._tracker.begin("distributed")
             finally:
                 otel_context.detach(token)
-        return self._tracker.begin("distributed")
+        if inside is None:  # a task's own distributed span is its compute's, already traced
+            outer.extend(stand_ins(self._tracker.tracer))
+        if not outer:
+            return self._tracker.begin("distributed")
+        token = otel_context.attach(trace.set_span_in_context(outer[-1]))
+        try:
+            record = self._tracker.begin("distributed")
+        finally:
+            otel_context.detach(token)
+        if record is not None:
+            record.outer = tuple(reversed(outer))
+        return record
 
     async def _end_when_awaited(self, record: Any, pending: Any) -> Any:
         try:

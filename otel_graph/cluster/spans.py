@@ -20,11 +20,16 @@ block that raises ends its span with an error status and ``error.type``.
 :func:`install` replaces ``distributed.span`` (and ``distributed.spans.span``) with a
 function that returns distributed's own context manager wrapped in a small class: same
 arguments, same value from ``with ... as``, same errors, and the same traceback (a class,
-not a generator, so a user's exception passes through distributed's frames only). A
-reference taken before otel_graph was installed (``from distributed import span`` run
-earlier) keeps distributed's own function, as does ``dask.annotate(span=...)``: computes
-under those still say which span they belong to (:func:`span_attributes`, on the compute
-span), without a span of their own.
+not a generator, so a user's exception passes through distributed's frames only).
+
+A distributed span entered some other way (``dask.annotate(span=...)``, or a reference
+to distributed's function taken before otel_graph was installed) has no block of ours
+to follow. Each compute submitted under one gets it as a span of its own around the
+compute (:func:`stand_ins`, ended with the compute): the same name and attributes, so a
+search by ``dask.span.id`` finds every compute of it. Every compute span also says which
+distributed span it was submitted in (:func:`span_attributes`). A collection built
+inside a span and computed outside it carries the span in its graph, not in the
+caller's context: its compute says nothing of it.
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ logger = logging.getLogger("otel_graph")
 
 #: Where distributed defines it, and where it is re-exported.
 _PLACES = ("distributed.spans", "distributed")
+#: The ids of the distributed spans whose OTel spans are open in this context, outermost first.
+_OPEN_IDS = otel_context.create_key("otel_graph.dask_span_ids")
 
 
 def span_name(tags: Any) -> str | None:
@@ -50,20 +57,56 @@ def span_name(tags: Any) -> str | None:
     return None
 
 
-def span_attributes() -> dict[str, str]:
-    """The distributed span this thread is in (``dask.get_annotations()["span"]``), as
-    attributes; empty outside any."""
-    try:
-        import dask
+def _current() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The tags and ids of the distributed span this thread is in
+    (``dask.get_annotations()["span"]``); empty outside any, or where they are not such."""
+    import dask
 
-        annotation = dask.get_annotations().get("span")
-        name = span_name(annotation.get("name")) if isinstance(annotation, dict) else None
-        ids = annotation.get("ids") if name is not None else None
-        if name is None or not isinstance(ids, (tuple, list)) or not ids:
-            return {}
-        return {"dask.span.name": name, "dask.span.id": str(ids[-1])}
+    annotation = dask.get_annotations().get("span")
+    if not isinstance(annotation, dict):
+        return (), ()
+    tags, ids = annotation.get("name"), annotation.get("ids")
+    if span_name(tags) is None or not isinstance(ids, (tuple, list)) or len(ids) != len(tags):
+        return (), ()
+    return tuple(tags), tuple(str(i) for i in ids)
+
+
+def _attributes(tags: tuple[str, ...], ids: tuple[str, ...], depth: int) -> dict[str, str]:
+    return {"dask.span.name": "/".join(tags[:depth]), "dask.span.id": ids[depth - 1]}
+
+
+def span_attributes() -> dict[str, str]:
+    """The distributed span this thread is in, as attributes; empty outside any."""
+    try:
+        tags, ids = _current()
+        return _attributes(tags, ids, len(tags)) if tags else {}
     except Exception:
         return {}
+
+
+def stand_ins(tracer: trace.Tracer) -> list[trace.Span]:
+    """Spans, outermost first and each under the one before, for the distributed spans this
+    thread is in whose blocks opened none here (see the module docs); empty in the usual
+    case. The caller makes the last the current span of its compute, and ends them with it."""
+    try:
+        tags, ids = _current()
+        if not tags:
+            return []
+        opened = otel_context.get_value(_OPEN_IDS) or ()
+        depth = 0
+        while depth < min(len(opened), len(ids)) and opened[depth] == ids[depth]:
+            depth += 1
+        made: list[trace.Span] = []
+        context = None
+        for level in range(depth + 1, len(tags) + 1):
+            span = tracer.start_span(tags[level - 1], context=context,
+                                     attributes=_attributes(tags, ids, level))
+            made.append(span)
+            context = trace.set_span_in_context(span)
+        return made
+    except Exception:
+        logger.debug("otel_graph: could not open a span for a distributed span", exc_info=True)
+        return []
 
 
 def drop_own_frame(exc: BaseException) -> None:
@@ -107,16 +150,13 @@ class _Traced(ContextDecorator):
         return value
 
     def _open(self) -> None:
-        import dask
-
-        annotation = dask.get_annotations().get("span") or {}
-        tags, ids = tuple(annotation.get("name", ())), tuple(annotation.get("ids", ()))
-        if len(tags) != len(ids) or len(tags) < self._levels or span_name(tags) is None:
+        tags, ids = _current()
+        if len(tags) < self._levels:
             return
         for depth in range(len(tags) - self._levels + 1, len(tags) + 1):
-            span = self._tracer.start_span(tags[depth - 1], attributes={
-                "dask.span.name": "/".join(tags[:depth]), "dask.span.id": str(ids[depth - 1])})
-            token = otel_context.attach(trace.set_span_in_context(span))
+            span = self._tracer.start_span(tags[depth - 1], attributes=_attributes(tags, ids, depth))
+            opened = otel_context.set_value(_OPEN_IDS, ids[:depth])
+            token = otel_context.attach(trace.set_span_in_context(span, opened))
             self._opened.append((span, token))
 
     def __exit__(self, kind: Any, error: Any, traceback: Any) -> Any:
