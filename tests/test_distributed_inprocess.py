@@ -170,15 +170,15 @@ def test_uninstrument_waits_for_workers_whose_removed_plugin_is_closing_them(tel
     """The last client's leaving takes the plugins off; each worker's telemetry is then
     closed on an executor. uninstrument() returned without waiting for those (under load,
     6 of 10 task spans were there when it returned): a slow close shows it every time."""
-    from otel_graph.cluster import worker
+    from otel_graph.cluster.task_spans import WorkerTelemetry
 
-    close = worker.WorkerTelemetry.close
+    close = WorkerTelemetry.close
 
     def slow_close(self, *args, **kwargs):
         time.sleep(0.5)  # a loaded machine
         return close(self, *args, **kwargs)
 
-    monkeypatch.setattr(worker.WorkerTelemetry, "close", slow_close)
+    monkeypatch.setattr(WorkerTelemetry, "close", slow_close)
     assert tasks_left_by_uninstrument_right_after_a_compute(telemetry, client) == 10
 
 
@@ -186,13 +186,13 @@ def test_a_drain_while_uninstrumenting_keeps_what_the_workers_recorded(telemetry
     """A worker's periodic drain can fall after uninstrument() ended the process's
     instrumentation and before it closed the workers' telemetry (it once dropped the
     compute's task spans there, a rare failure of the test above). Forced here."""
-    from otel_graph.cluster import worker
     from otel_graph.cluster.client import ClusterCapture
+    from otel_graph.cluster.process import _ProcessTelemetry
 
     uninstall = ClusterCapture.uninstall
 
     def drain_then_uninstall(self: ClusterCapture, *args: object, **kwargs: object) -> None:
-        for recorded in list(worker._ProcessTelemetry.by_worker.values()):
+        for recorded in list(_ProcessTelemetry.by_worker.values()):
             assert recorded.flush(10, export=False)  # the drain: nothing live, not closing yet
         uninstall(self, *args, **kwargs)
 
@@ -310,9 +310,9 @@ def test_a_slow_task_kept_for_its_span_lets_go_of_its_graph_data(telemetry):
 
 
 def test_a_busy_worker_drains_before_its_interval_without_losing_a_task(telemetry, client, monkeypatch):
-    from otel_graph.cluster import worker
+    from otel_graph.cluster import task_spans
 
-    monkeypatch.setattr(worker, "_DRAIN_AT", 16)  # woken early many times in one compute
+    monkeypatch.setattr(task_spans, "_DRAIN_AT", 16)  # woken early many times in one compute
     graph = {f"inc-{i}": (inc, i) for i in range(600)}
     assert client.get(graph, list(graph)) == list(range(1, 601))
     (root,) = telemetry.roots()
@@ -377,15 +377,16 @@ def test_the_failed_keys_a_worker_remembers_for_retries_stay_bounded(telemetry, 
     computes' are let go."""
     from distributed import wait
 
-    from otel_graph.cluster import worker
+    from otel_graph.cluster import task_spans
+    from otel_graph.cluster.process import _ProcessTelemetry
 
-    monkeypatch.setattr(worker, "_MAX_FAILED_HELD", 6, raising=False)
+    monkeypatch.setattr(task_spans, "_MAX_FAILED_HELD", 6)
     for round_ in range(4):
         futures = client.map(fails, range(5), key=[f"fails-{round_}-{i}" for i in range(5)])
         wait(futures)
     telemetry.handle.flush(timeout_s=30)
     held = [sum(len(state.failed) for state in telemetry_of._traces.values())
-            for telemetry_of in worker._ProcessTelemetry.by_worker.values()]
+            for telemetry_of in _ProcessTelemetry.by_worker.values()]
     assert held and all(0 < n <= 6 for n in held), held
     # Every failed run still has its span, with its error.
     errors = [s for s in telemetry.spans() if s.attributes.get("dask.task.prefix") == "fails"]

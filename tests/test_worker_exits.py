@@ -602,10 +602,10 @@ def test_an_unpicklable_result_on_distributed(receiver, tmp_path):
 
 FORKED_CHILD = r"""
 import os, signal
-from otel_graph.cluster import worker
+from otel_graph.cluster import process
 
-worker._deliver_on_sigterm()  # as in a worker process of its own
-assert signal.getsignal(signal.SIGTERM) is worker._on_sigterm
+process._deliver_on_sigterm()  # as in a worker process of its own
+assert signal.getsignal(signal.SIGTERM) is process._on_sigterm
 ready, tell = os.pipe()
 never, _ = os.pipe()
 pid = os.fork()

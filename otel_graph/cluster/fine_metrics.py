@@ -41,7 +41,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.metrics import Observation
 
 from otel_graph.cluster import adapter
 from otel_graph.events import OTHER_PREFIXES

@@ -179,7 +179,7 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
         adapter.read_worker_says(scheduler, _worker_says(weakref.ref(scheduler)))
         _hear_again(scheduler, self.routes)
         try:
-            from otel_graph.cluster.worker import adopt_client_env
+            from otel_graph.cluster.process import adopt_client_env
 
             adopt_client_env(unseal_env(self._sealed_env))
             self.observe(scheduler)
@@ -193,7 +193,7 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
         (an in-process cluster), the plugin in place reports through the new providers.
         """
         from otel_graph.config import load_settings
-        from otel_graph.cluster.worker import process_providers
+        from otel_graph.cluster.process import process_providers
         from otel_graph.instrumentation import SCOPE, ensure_exit_hook, live_providers
 
         providers = live_providers()
