@@ -85,6 +85,16 @@ def _futures(result: Any) -> list[Any]:
     return list(futures_of(result))
 
 
+#: How long joining a scheduler waits for a reconnecting client's new stream.
+_RECONNECT_WAIT_S = 5.0
+
+
+def _reconnecting(client: Any) -> bool:
+    """Whether the client is between streams: a scheduler's answer read then would be about
+    no stream (the graph the client sends next goes on the one it gets), so joining waits."""
+    return adapter.scheduler_stream(client) is None and getattr(client, "status", "") == "connecting"
+
+
 def _bounded(work: Callable[[], Any], timeout_s: float, what: str) -> tuple[bool, Any]:
     """Run ``work`` on a daemon thread; (True, result) if it finished in time, else (False, None).
 
@@ -273,6 +283,9 @@ class ClusterCapture:
         # The plugins are idempotent: a cluster that has them (another client) keeps them as
         # they are, instead of every new client tearing them down and setting them up.
         # A second round covers the last other client taking them off in between.
+        deadline = time.monotonic() + _RECONNECT_WAIT_S
+        while _reconnecting(client) and time.monotonic() < deadline:
+            time.sleep(0.01)  # distributed signals no reconnect; a traced call waits on it anyway
         stream = adapter.scheduler_stream(client)
         for _ in range(2):
             if self._closed:  # uninstrumented while this waited on the cluster
@@ -283,6 +296,9 @@ class ClusterCapture:
                 return
 
     async def _join_async(self, client: Any) -> None:
+        deadline = time.monotonic() + _RECONNECT_WAIT_S
+        while _reconnecting(client) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
         stream = adapter.scheduler_stream(client)
         for _ in range(2):
             if self._closed:
