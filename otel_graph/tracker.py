@@ -194,6 +194,11 @@ class Tracker:
     def tracer(self) -> trace.Tracer:
         return self._tracer
 
+    @property
+    def forked(self) -> bool:
+        """True in a process forked from this one's: it traces nothing (see :mod:`otel_graph.forks`)."""
+        return self._forked
+
     def _after_fork_in_child(self) -> None:
         # The parent's computes are the parent's to finish, and this thread did not come along.
         self._forked = True
@@ -548,4 +553,7 @@ class Tracker:
 
 def _end_outer(record: ComputeRecord, end_ns: int | None) -> None:
     for span in record.outer:
-        span.end(end_time=end_ns or time.time_ns())
+        try:  # an application's span processor that raises must not cost the compute's record
+            span.end(end_time=end_ns or time.time_ns())
+        except Exception:
+            logger.debug("otel_graph: could not end a span around a compute", exc_info=True)

@@ -96,6 +96,19 @@ def test_distributeds_own_error_is_raised_with_its_own_traceback(telemetry):
     assert frames_of(instrumented.value) == frames_of(plain.value)
 
 
+def test_a_block_inside_a_span_entered_otherwise_gets_that_span_around_it(client, telemetry):
+    from distributed.spans import span as taken_early
+
+    with taken_early.__wrapped__("etl") as etl_id:
+        with distributed.span("load"):
+            assert client.submit(inc, 1).result() == 2
+    (etl,), (load,) = named(telemetry, "etl"), named(telemetry, "load")
+    assert dict(etl.attributes) == {"dask.span.name": "etl", "dask.span.id": etl_id}
+    assert load.parent.span_id == etl.context.span_id
+    (compute,) = telemetry.roots()
+    assert compute.parent.span_id == load.context.span_id
+
+
 def test_a_span_function_taken_before_instrumenting_still_names_the_computes_span(client, telemetry):
     from distributed.spans import span as taken_early
 
@@ -120,9 +133,10 @@ def test_each_compute_under_dask_annotate_span_gets_that_span_around_it(client, 
             assert client.submit(inc, 1).result() == 2
             assert client.gather(client.map(inc, range(3))) == [1, 2, 3]
     (user,) = named(telemetry, "user")
-    block, *outers = named(telemetry, "outer")  # the block's own, then one a compute
-    inners = named(telemetry, "inner")
-    assert block.parent is None and len(outers) == 2 and len(inners) == 2
+    outers, inners = named(telemetry, "outer"), named(telemetry, "inner")
+    (block,) = [o for o in outers if o.parent is None]  # the block's own; then one a compute
+    outers.remove(block)
+    assert len(outers) == 2 and len(inners) == 2
     assert all(o.parent.span_id == user.context.span_id for o in outers)
     assert all(dict(o.attributes) == {"dask.span.name": "outer", "dask.span.id": outer_id} for o in outers)
     assert all(dict(i.attributes) == {"dask.span.name": "outer/inner", "dask.span.id": "inner-id"} for i in inners)
@@ -198,8 +212,11 @@ def test_a_graph_sent_where_its_context_cannot_follow_is_counted(telemetry, clie
     capture._streams[client] = stream
     assert client.submit(inc, 6, workers=[worker]).result() == 7
     # A later run on the same worker has its span: the first one's would have come by now.
-    assert wait_until(lambda: len(telemetry.roots()) == 2 and telemetry.children(telemetry.roots()[1]))
-    without, traced = telemetry.roots()
+    def in_order() -> list:
+        return sorted(telemetry.roots(), key=lambda root: root.start_time)
+
+    assert wait_until(lambda: len(in_order()) == 2 and telemetry.children(in_order()[1]))
+    without, traced = in_order()
     assert telemetry.children(without) == [] and len(telemetry.children(traced)) == 1
     assert telemetry.handle.stats()["computes_without_task_context"] == 1
 
@@ -233,7 +250,8 @@ def test_a_scheduler_plugin_put_there_anew_knows_which_workers_read_contexts(tel
     with distributed.Client(cluster) as other:
         assert "otel-graph" in cluster.scheduler.plugins
         assert other.gather(other.map(inc, range(8))) == list(range(1, 9))
-        compute = telemetry.roots()[-1]
+        assert wait_until(lambda: len(telemetry.roots()) == 2)  # a map's span ends once its futures are in
+        compute = max(telemetry.roots(), key=lambda root: root.start_time)
         assert wait_until(lambda: len(telemetry.children(compute)) == 8)
 
 

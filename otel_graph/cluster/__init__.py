@@ -5,12 +5,13 @@ nothing per task:
 
 * :mod:`.client` (client process): the ``dask.compute`` span per ``get``/``compute``/
   ``persist``, its context sent to the scheduler ahead of the graph and handed to the
-  workers with the tasks (:mod:`.propagation`), nothing added to the graph; the
-  plugins registered on the cluster; ``distributed.span`` blocks as spans
-  (:mod:`.spans`);
-* :mod:`.worker` (each worker process): task spans, with transfer and spill phases,
-  task metrics and resource readings, built off the event loop and exported by the
-  worker itself;
+  workers with the tasks (:mod:`.propagation`), nothing added to the graph;
+  ``distributed.span`` blocks as spans (:mod:`.spans`); :mod:`.membership`: the
+  plugins registered on the cluster, and the cluster's events;
+* :mod:`.worker` (each worker process): the plugin; :mod:`.task_spans`: task spans,
+  with transfer and spill phases, and task metrics, built off the event loop and
+  exported by the worker itself; :mod:`.process`: what the process shares (delivery
+  accounts, SIGTERM, its SDK, spill counters);
 * :mod:`.scheduler` (scheduler process): gauges read at export time, one event per
   graph and per lost worker, and a tally per finished task (:mod:`.ledger`: what a
   worker killed outright took with it); each task's context handed to its worker;

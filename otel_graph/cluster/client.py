@@ -54,14 +54,12 @@ _WRAPPED = ("get", "compute", "persist", "submit", "map")
 _SENDS = "_send_to_scheduler"
 
 
-
 def _futures(result: Any) -> list[Any]:
     from distributed import Future, futures_of
 
     if isinstance(result, Future):
         return [result]
     return list(futures_of(result))
-
 
 
 def _as_if_in(original: Any, wrapper: Any) -> Any:
@@ -124,7 +122,6 @@ class ClusterCapture(ClusterMembership):
         if leaving:  # side by side: a cluster that does not answer costs the wait once
             _bounded_all(leaving, CLUSTER_TIMEOUT_S, "leaving the cluster")
 
-    # -- attaching to a cluster --------------------------------------------------------------
     # -- wrappers --------------------------------------------------------------------------
     def _wrap_start(self, original: Any) -> Any:
         capture = self
@@ -162,8 +159,7 @@ class ClusterCapture(ClusterMembership):
             stream = self._streams.get(client)
             if stream is None or adapter.scheduler_stream(client) is not stream:
                 self.unannounced += 1
-                if stream is not None:
-                    self._reprobe(client)
+                self._reprobe(client)  # once per stream: it may read them on this one
                 return
             message = compute_message(note, graph.get("keys") or ())
 
@@ -270,7 +266,9 @@ class ClusterCapture(ClusterMembership):
                 return self._tracker.begin("distributed")
             finally:
                 otel_context.detach(token)
-        if inside is None:  # a task's own distributed span is its compute's, already traced
+        # Not inside a task: distributed puts the task's own span in its annotations, and
+        # its compute already stands for it. Not in a forked child: nothing is traced there.
+        if adapter.current_task(default=None) is None and not self._tracker.forked:
             outer.extend(stand_ins(self._tracker.tracer))
         if not outer:
             return self._tracker.begin("distributed")

@@ -46,7 +46,6 @@ def _client_env() -> dict[str, str]:
     return {name: value for name, value in os.environ.items() if name.startswith("OTEL_")}
 
 
-
 #: How long joining a scheduler waits for a reconnecting client's new stream.
 _RECONNECT_WAIT_S = 5.0
 

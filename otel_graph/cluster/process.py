@@ -31,6 +31,7 @@ from otel_graph.config import exit_timeout
 
 logger = logging.getLogger("otel_graph")
 
+
 class _ProcessTelemetry:
     """The WorkerTelemetry of each worker in this process (several, for an in-process cluster)."""
 

@@ -206,6 +206,9 @@ class Routes:
         now = time.monotonic()
         since, keys = self._waiting.get(address) or (now, set())
         if now - since > _WAIT_S:  # it never said so: its tasks run without their context
+            if keys:
+                logger.warning("otel_graph: worker %s never said it reads task contexts (a worker without "
+                               "otel_graph, or of another version): its tasks run without task spans", address)
             self.unready += len(keys) + 1
             self._waiting[address] = (since, set())
             return
@@ -232,16 +235,18 @@ class Routes:
         stream = adapter.worker_stream(scheduler, address)
         if stream is None:
             return
-        self.ready.add(address)
         by_note: dict[str, list[Any]] = {}
-        for key in (self._waiting.pop(address, None) or (0.0, ()))[1]:
+        for key in (self._waiting.get(address) or (0.0, ()))[1]:
             note = self.notes.get(key)
             if note is not None:
                 by_note.setdefault(note, []).append(key)
+        # Ready only once all went: a send that fails (the stream broke) leaves it waiting.
         for note, keys in by_note.items():
             stream.send({"op": TASKS_OP, "note": note, "keys": keys})
-            self.handed += len(keys)
         stream.send({"op": TASKS_OP, "note": None, "keys": [], "heard": True})
+        self._waiting.pop(address, None)
+        self.ready.add(address)
+        self.handed += sum(len(keys) for keys in by_note.values())
 
     def worker_gone(self, address: str) -> None:
         self.ready.discard(address)

@@ -177,7 +177,10 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
         self._scheduler = scheduler
         adapter.add_stream_handler(scheduler, COMPUTE_OP, on_compute(weakref.ref(scheduler), PLUGIN_NAME))
         adapter.read_worker_says(scheduler, _worker_says(weakref.ref(scheduler)))
-        _hear_again(scheduler, self.routes)
+        try:  # a failure here would fail the plugin's registration
+            _hear_again(scheduler, self.routes)
+        except Exception:
+            logger.debug("otel_graph: could not read which workers read task contexts", exc_info=True)
         try:
             from otel_graph.cluster.process import adopt_client_env
 
@@ -315,6 +318,7 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
         # A retiring worker delivers its own on its way out, after the scheduler let it go
         # (a worker closing on its own says so first: see the ledger).
         self.routes.worker_gone(str(worker))
+        _LISTENING.get(scheduler, {}).pop(str(worker), None)
         retired = str(stimulus_id).startswith("retire-workers")
         lost = [] if retired else self._lost_rows(str(worker))
         runs = [] if retired else [list(row) for row in self._runs.lost(str(worker))]
@@ -375,7 +379,10 @@ def _hear_again(scheduler: Any, routes: Routes) -> None:
     connection, that they read task contexts do (they say so once)."""
     for address, state in list(_LISTENING.get(scheduler, {}).items()):
         if adapter.worker_state(scheduler, address) is state:
-            routes.heard(scheduler, address)
+            try:
+                routes.heard(scheduler, address)
+            except Exception:  # its stream just broke: it says so again when it reconnects
+                logger.debug("otel_graph: could not tell a worker it was heard", exc_info=True)
 
 
 def _our_plugin(dask_scheduler: Any) -> Any:
@@ -420,7 +427,7 @@ async def leave_cluster(dask_scheduler: Any = None, client_id: str = "") -> bool
 
     Runs on the scheduler's event loop: the scheduler plugin goes first, in the same
     step as the decision, so a client joining meanwhile finds none and registers anew
-    (see ``ClusterCapture._join``). A preloaded cluster keeps its plugins.
+    (see ``ClusterMembership._join``). A preloaded cluster keeps its plugins.
     """
     plugin = _our_plugin(dask_scheduler)
     if plugin is None:

@@ -26,7 +26,8 @@ A distributed span entered some other way (``dask.annotate(span=...)``, or a ref
 to distributed's function taken before otel_graph was installed) has no block of ours
 to follow. Each compute submitted under one gets it as a span of its own around the
 compute (:func:`stand_ins`, ended with the compute): the same name and attributes, so a
-search by ``dask.span.id`` finds every compute of it. Every compute span also says which
+search by ``dask.span.id`` finds every compute of it; a ``distributed.span`` block inside
+one gets it likewise, around the block. Every compute span also says which
 distributed span it was submitted in (:func:`span_attributes`). A collection built
 inside a span and computed outside it carries the span in its graph, not in the
 caller's context: its compute says nothing of it.
@@ -84,6 +85,15 @@ def span_attributes() -> dict[str, str]:
         return {}
 
 
+def _open_depth(ids: tuple[str, ...]) -> int:
+    """How many of the outermost of ``ids`` have their span open in this context."""
+    opened = otel_context.get_value(_OPEN_IDS) or ()
+    depth = 0
+    while depth < min(len(opened), len(ids)) and opened[depth] == ids[depth]:
+        depth += 1
+    return depth
+
+
 def stand_ins(tracer: trace.Tracer) -> list[trace.Span]:
     """Spans, outermost first and each under the one before, for the distributed spans this
     thread is in whose blocks opened none here (see the module docs); empty in the usual
@@ -92,13 +102,9 @@ def stand_ins(tracer: trace.Tracer) -> list[trace.Span]:
         tags, ids = _current()
         if not tags:
             return []
-        opened = otel_context.get_value(_OPEN_IDS) or ()
-        depth = 0
-        while depth < min(len(opened), len(ids)) and opened[depth] == ids[depth]:
-            depth += 1
         made: list[trace.Span] = []
         context = None
-        for level in range(depth + 1, len(tags) + 1):
+        for level in range(_open_depth(ids) + 1, len(tags) + 1):
             span = tracer.start_span(tags[level - 1], context=context,
                                      attributes=_attributes(tags, ids, level))
             made.append(span)
@@ -153,7 +159,10 @@ class _Traced(ContextDecorator):
         tags, ids = _current()
         if len(tags) < self._levels:
             return
-        for depth in range(len(tags) - self._levels + 1, len(tags) + 1):
+        # This block's own levels, and any enclosing one no span was opened for here (a
+        # span function imported before instrumenting): those last as long as this block.
+        first = min(_open_depth(ids), len(tags) - self._levels) + 1
+        for depth in range(first, len(tags) + 1):
             span = self._tracer.start_span(tags[depth - 1], attributes=_attributes(tags, ids, depth))
             opened = otel_context.set_value(_OPEN_IDS, ids[:depth])
             token = otel_context.attach(trace.set_span_in_context(span, opened))

@@ -46,6 +46,7 @@ PLUGIN_NAME = "otel-graph"
 _RAN = frozenset({"executing", "long-running"})
 _DONE = frozenset({"memory", "error"})
 
+
 def _trace_nested_computes(providers: Any, settings: Any) -> None:
     """In a worker process, trace computes that tasks start (``get_client().compute(...)``).
 
