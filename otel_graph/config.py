@@ -3,13 +3,19 @@
 Two families of variables matter:
 
 * **Standard ``OTEL_*`` variables.** The OpenTelemetry SDK and exporters read most
-  of them themselves (endpoints, headers, certificates, resource). otel_graph only
+  of them themselves (endpoints, headers, certificates, resource). When otel_graph
+  builds the SDK (the application configured none), :func:`check_sdk_environment`
   *validates* the ones whose bad values the SDK would otherwise ignore or turn into
   a traceback deep inside an export thread, so that a typo fails at
   :func:`otel_graph.instrument_scheduler` with a message that names the variable
   and the accepted values::
 
       OTEL_EXPORTER_OTLP_PROTOCOL='carrier-pigeon' is not valid; accepted values: grpc, http/protobuf
+
+  An application that brings its own providers gets none of that: they are its SDK's
+  to read. :func:`load_settings` checks only the few otel_graph interprets itself
+  (``OTEL_SDK_DISABLED``, ``OTEL_METRIC_EXPORT_INTERVAL``, ``OTEL_EXPORTER_PROMETHEUS_PORT``),
+  and reads the exporter lists as the SDK does (:func:`exporter_names`).
 
 * **Our own ``OTEL_GRAPH_*`` variables**, documented in :data:`OWN_VARIABLES` and
   in the README. Each has a keyword-only twin in ``instrument_scheduler(**options)``;
@@ -68,8 +74,6 @@ _CHOICES: Mapping[str, tuple[str, ...]] = {
     "OTEL_EXPORTER_OTLP_COMPRESSION": ("gzip", "none", "deflate"),
     "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": ("gzip", "none", "deflate"),
     "OTEL_EXPORTER_OTLP_METRICS_COMPRESSION": ("gzip", "none", "deflate"),
-    "OTEL_TRACES_EXPORTER": ("otlp", "console", "none", "otlp_file"),
-    "OTEL_METRICS_EXPORTER": ("otlp", "console", "none", "prometheus", "otlp_file"),
     "OTEL_TRACES_SAMPLER": (
         "always_on",
         "always_off",
@@ -186,7 +190,9 @@ def parse_seconds(name: str, value: str | float | None, default: float, *,
     return number
 
 
-def _check_standard(env: Mapping[str, str]) -> None:
+def check_sdk_environment(env: Mapping[str, str] | None = None) -> None:
+    """Refuse, naming the variable, a standard value the SDK otel_graph builds would choke on."""
+    env = os.environ if env is None else env
     for name, accepted in _CHOICES.items():
         value = env.get(name)
         if value is not None and value.strip().lower() not in accepted:
@@ -220,6 +226,16 @@ def _check_standard(env: Mapping[str, str]) -> None:
             ratio = -1.0
         if not 0.0 <= ratio <= 1.0:
             raise _invalid("OTEL_TRACES_SAMPLER_ARG", arg, "a probability between 0 and 1")
+    _check_interpreted(env)
+
+
+def _check_interpreted(env: Mapping[str, str]) -> None:
+    """The standard values otel_graph itself reads into :class:`Settings`."""
+    if "OTEL_SDK_DISABLED" in env:
+        parse_spec_bool("OTEL_SDK_DISABLED", env["OTEL_SDK_DISABLED"])
+    if "OTEL_METRIC_EXPORT_INTERVAL" in env:
+        parse_seconds("OTEL_METRIC_EXPORT_INTERVAL", env["OTEL_METRIC_EXPORT_INTERVAL"], 1.0,
+                      accepted="a number > 0 and at most 10^7")
     port = env.get("OTEL_EXPORTER_PROMETHEUS_PORT")
     digits = (port or "").strip()
     # isascii: "²" and "٣" are digits to str.isdigit, and int() refuses the first.
@@ -250,8 +266,10 @@ class Settings:
     resources: bool = True
     gpu: bool = True
     sdk_disabled: bool = False
-    traces_exporter: str = "otlp"
-    metrics_exporter: str = "otlp"
+    #: The exporters ``OTEL_TRACES_EXPORTER`` / ``OTEL_METRICS_EXPORTER`` name, in order;
+    #: empty for ``none`` (see :func:`exporter_names`). Resolved when the SDK is built.
+    traces_exporters: tuple[str, ...] = ("otlp",)
+    metrics_exporters: tuple[str, ...] = ("otlp",)
     metric_export_interval_ms: float = DEFAULT_METRIC_EXPORT_INTERVAL_MS
     prometheus_host: str = "localhost"
     prometheus_port: int = 9464
@@ -281,7 +299,7 @@ def load_settings(env: Mapping[str, str] | None = None, **options: Any) -> Setti
         raise ConfigurationError(
             f"unknown option(s) {', '.join(unknown)}; accepted: {', '.join(sorted(_OPTION_NAMES))}"
         )
-    _check_standard(env)
+    _check_interpreted(env)
 
     def raw(option: str) -> Any:
         return options[option] if option in options else env.get(_OPTION_NAMES[option])
@@ -303,13 +321,29 @@ def load_settings(env: Mapping[str, str] | None = None, **options: Any) -> Setti
         resources=flag("resources", True),
         gpu=flag("gpu", True),
         sdk_disabled=parse_spec_bool("OTEL_SDK_DISABLED", env.get("OTEL_SDK_DISABLED", "false")),
-        traces_exporter=env.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower(),
-        metrics_exporter=env.get("OTEL_METRICS_EXPORTER", "otlp").strip().lower(),
+        traces_exporters=exporter_names(env.get("OTEL_TRACES_EXPORTER")),
+        metrics_exporters=exporter_names(env.get("OTEL_METRICS_EXPORTER")),
         metric_export_interval_ms=float(interval) if interval else DEFAULT_METRIC_EXPORT_INTERVAL_MS,
         prometheus_host=env.get("OTEL_EXPORTER_PROMETHEUS_HOST", "localhost"),
         prometheus_port=int(env.get("OTEL_EXPORTER_PROMETHEUS_PORT", "9464")),
         file_dir=env.get(OTEL_GRAPH_FILE_DIR, "").strip() or "otel-graph-out",
     )
+
+
+def exporter_names(value: str | None) -> tuple[str, ...]:
+    """``OTEL_TRACES_EXPORTER`` / ``OTEL_METRICS_EXPORTER`` as the SDK reads them: a
+    comma-separated list of exporter names, each as written but for surrounding spaces
+    (they name entry points, which are case-sensitive); ``none`` in any case for none.
+    Unset or empty: ``otlp``, the specification's default. A name listed twice counts once.
+
+    >>> exporter_names("console, otlp"), exporter_names("NONE"), exporter_names(None)
+    (('console', 'otlp'), (), ('otlp',))
+    """
+    if value is None or not value.strip():
+        return ("otlp",)
+    if value.strip().lower() == "none":
+        return ()
+    return tuple(dict.fromkeys(name.strip() for name in value.split(",")))
 
 
 def exit_timeout() -> float:

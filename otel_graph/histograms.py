@@ -19,6 +19,7 @@ import time
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
@@ -75,8 +76,10 @@ class HistogramSet:
         self._lock = threading.Lock()
         self._histograms: list[PreAggregatedHistogram] = []
         self._start_ns = time.time_ns()
-        self._last_ns = self._start_ns
-        self._exported: dict[tuple[str, tuple], tuple[int, float, list[int]]] = {}
+        #: Per consumer (each exporter exports on its own: deltas are from its own last export):
+        #: when it last collected, and what it was given then.
+        self._last_ns: dict[Any, int] = {}
+        self._exported: dict[Any, dict[tuple[str, tuple], tuple[int, float, list[int]]]] = {}
 
     @property
     def lock(self) -> threading.Lock:
@@ -87,45 +90,49 @@ class HistogramSet:
         self._histograms.append(histogram)
         return histogram
 
-    def metrics(self, temporality: AggregationTemporality) -> list[Metric]:
+    def metrics(self, temporality: AggregationTemporality, *, consumer: Any = None) -> list[Metric]:
         now = time.time_ns()
         delta = temporality == AggregationTemporality.DELTA
         out = []
         with self._lock:
+            last = self._last_ns.get(consumer, self._start_ns)
+            exported = self._exported.setdefault(consumer, {})
             for histogram in self._histograms:
-                points = [self._point(histogram.name, attrs, series, histogram.bounds, now, delta)
+                points = [self._point(histogram.name, attrs, series, histogram.bounds, now, delta, last, exported)
                           for attrs, series in histogram.series.items()]
                 points = [p for p in points if p is not None]
                 if points:
                     out.append(Metric(name=histogram.name, description=histogram.description,
                                       unit=histogram.unit,
                                       data=Histogram(data_points=points, aggregation_temporality=temporality)))
-            self._last_ns = now
+            self._last_ns[consumer] = now
         return out
 
     def _point(self, name: str, attrs: tuple, series: _Series, bounds: Sequence[float], now: int,
-               delta: bool) -> HistogramDataPoint | None:
+               delta: bool, last: int, exported: dict) -> HistogramDataPoint | None:
         start = self._start_ns
         count, total, buckets = series.count, series.total, list(series.buckets)
         if delta:
             # Delta from what the previous collection reported; min/max stay cumulative
             # since per-interval extremes are not kept.
-            previous = self._exported.get((name, attrs))
-            self._exported[(name, attrs)] = (count, total, buckets)
+            previous = exported.get((name, attrs))
+            exported[(name, attrs)] = (count, total, buckets)
             if previous is not None:
                 count -= previous[0]
                 total -= previous[1]
                 buckets = [a - b for a, b in zip(buckets, previous[2])]
             if count == 0:
                 return None
-            start = self._last_ns
+            start = last
         return HistogramDataPoint(attributes=dict(attrs), start_time_unix_nano=start, time_unix_nano=now,
                                   count=count, sum=total, bucket_counts=buckets, explicit_bounds=list(bounds),
                                   min=series.low, max=series.high)
 
-    def merge_into(self, data: MetricsData, temporality: AggregationTemporality) -> MetricsData:
-        """``data`` with our histograms added under our scope, in its first resource."""
-        extra = self.metrics(temporality)
+    def merge_into(self, data: MetricsData, temporality: AggregationTemporality, *,
+                   consumer: Any = None) -> MetricsData:
+        """``data`` with our histograms added under our scope, in its first resource (as
+        ``consumer``, the exporter, last had them, for deltas)."""
+        extra = self.metrics(temporality, consumer=consumer)
         if not extra or not data.resource_metrics:
             return data
         first, *rest = data.resource_metrics

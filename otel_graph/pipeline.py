@@ -469,8 +469,10 @@ class CountingMetricExporter(MetricExporter):
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
                ) -> MetricExportResult:
         if self._histograms is not None:
-            temporality = self._preferred_temporality.get(HistogramInstrument, AggregationTemporality.CUMULATIVE)
-            metrics_data = self._histograms.merge_into(metrics_data, temporality)
+            # None from an exporter that states no preference (the SDK's console one): cumulative.
+            temporality = (self._preferred_temporality or {}).get(HistogramInstrument,
+                                                                   AggregationTemporality.CUMULATIVE)
+            metrics_data = self._histograms.merge_into(metrics_data, temporality, consumer=self)
         points = _count_points(metrics_data)
         with self._lock:
             if self._forked:

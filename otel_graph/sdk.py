@@ -1,6 +1,7 @@
 """The OpenTelemetry SDK, built from the standard environment when the application did not.
 
-This is the only module that constructs SDK providers and exporters. It is used only
+This is the only module that constructs SDK providers (the exporters they use are made
+by :mod:`otel_graph.exporters`). It is used only
 when ``instrument_scheduler()`` got no providers and no SDK provider is set globally;
 an application that configured OpenTelemetry itself keeps its own.
 
@@ -9,18 +10,22 @@ What it builds, from the standard variables:
 * a **Resource** from ``OTEL_SERVICE_NAME`` / ``OTEL_RESOURCE_ATTRIBUTES``, plus
   ``service.instance.id`` (unique per process), ``process.pid`` and ``host.name``;
   ``service.name`` defaults to ``dask`` rather than ``unknown_service``;
-* a **TracerProvider** (sampler from ``OTEL_TRACES_SAMPLER``) whose spans go through
-  :class:`~otel_graph.pipeline.ReliableSpanProcessor` to the exporter that
-  ``OTEL_TRACES_EXPORTER`` names: ``otlp`` (``OTEL_EXPORTER_OTLP_PROTOCOL`` ``grpc``
-  or ``http/protobuf``; the stock exporters read endpoint, headers, timeout,
-  compression and certificates themselves), ``console`` or ``none``;
-* a **MeterProvider** whose reader ``OTEL_METRICS_EXPORTER`` names: ``otlp`` and
-  ``console`` export every ``OTEL_METRIC_EXPORT_INTERVAL`` ms (default here 1000, as
+* a **TracerProvider** (sampler from ``OTEL_TRACES_SAMPLER``) whose spans go, through a
+  :class:`~otel_graph.pipeline.ReliableSpanProcessor` each, to every exporter that
+  ``OTEL_TRACES_EXPORTER`` names (:mod:`otel_graph.exporters`: ``otlp``, ``console``,
+  ``otlp_file``, or any an installed package registers; ``none`` for none; the stock
+  OTLP exporters read endpoint, headers, timeout, compression and certificates themselves);
+* a **MeterProvider** with a reader per exporter that ``OTEL_METRICS_EXPORTER`` names:
+  push exporters export every ``OTEL_METRIC_EXPORT_INTERVAL`` ms (default here 1000, as
   often as dask's ResourceProfiler samples, rather than the SDK's 60000), and
   ``prometheus`` serves ``/metrics`` on ``OTEL_EXPORTER_PROMETHEUS_HOST``/``_PORT``
   (default ``localhost:9464``);
 * ``otlp_file`` for either signal: OTLP JSON lines under ``OTEL_GRAPH_FILE_DIR``
   (:mod:`otel_graph.otlp_json`), the embedded default of ``otel-graph demo``.
+
+With several exporters named, the counts of :meth:`OwnedSdk.stats` add up over them; the
+first OTLP exporter named (else the first) is the *primary* one: its deliveries are what
+a cluster's ledger counts, and its collector is the one asked at exit.
 
 Neither provider registers the SDK's own exit hook, which would block up to 30 s on a
 hung collector: :meth:`OwnedSdk.deliver_at_exit` bounds that instead.
@@ -34,19 +39,16 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import AggregationTemporality, MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from otel_graph.config import ConfigurationError, Settings, otlp_protocol
+from otel_graph.config import ConfigurationError, Settings
 from otel_graph.histograms import HistogramSet
 from otel_graph.pipeline import CountingMetricExporter, ReliableSpanProcessor
 
@@ -63,53 +65,6 @@ def build_resource(extra: dict[str, Any] | None = None) -> Resource:
     if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
         resource = resource.merge(Resource({"service.name": "dask"}))
     return resource
-
-
-def _in_file_dir(settings: Settings, make: Callable[[Path], Any]) -> Any:
-    """An ``otlp_file`` exporter, or a clear error naming the variable where its file cannot be."""
-    try:
-        return make(Path(settings.file_dir))
-    except OSError as exc:
-        raise ConfigurationError(f"OTEL_GRAPH_FILE_DIR={settings.file_dir!r} cannot hold the otlp_file "
-                                 f"exporters' files: {exc.strerror or exc}") from None
-
-
-def _span_exporter(settings: Settings) -> SpanExporter | None:
-    if settings.traces_exporter == "none":
-        return None
-    if settings.traces_exporter == "console":
-        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
-
-        return ConsoleSpanExporter()
-    if settings.traces_exporter == "otlp_file":
-        from otel_graph.otlp_json import OtlpJsonSpanExporter
-
-        return _in_file_dir(settings, lambda directory: OtlpJsonSpanExporter(directory / "traces.jsonl"))
-    from otel_graph.otlp_fast import otlp_span_exporter
-
-    return otlp_span_exporter(protocol=otlp_protocol("traces"))
-
-
-def _metric_exporter(settings: Settings) -> Any:
-    if settings.metrics_exporter == "console":
-        from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
-
-        return ConsoleMetricExporter()
-    if settings.metrics_exporter == "otlp_file":
-        from otel_graph.otlp_json import OtlpJsonMetricExporter
-
-        return _in_file_dir(settings, lambda directory: OtlpJsonMetricExporter(directory / "metrics.jsonl"))
-    if otlp_protocol("metrics") == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-
-        from otel_graph.otlp_fast import GRPC_CHANNEL_OPTIONS
-
-        return OTLPMetricExporter(channel_options=GRPC_CHANNEL_OPTIONS)
-    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetricExporter
-
-    from otel_graph.http_session import certificate_session
-
-    return HttpMetricExporter(session=certificate_session("metrics"))
 
 
 def _prometheus_reader(settings: Settings, histograms: HistogramSet) -> MetricReader:
@@ -165,8 +120,11 @@ class OwnedSdk:
 
     tracer_provider: TracerProvider | None = None
     meter_provider: MeterProvider | None = None
+    #: The primary span processor and metric exporter (see the module docs), and all of them.
     span_processor: ReliableSpanProcessor | None = None
     metric_exporter: CountingMetricExporter | None = None
+    span_processors: list[ReliableSpanProcessor] = field(default_factory=list)
+    metric_exporters: list[CountingMetricExporter] = field(default_factory=list)
     histograms: HistogramSet | None = None
     #: (host, port) the OTLP span exporter sends to, if over TCP: asked at exit (endpoint.py).
     collector: tuple[str, int] | None = None
@@ -175,19 +133,21 @@ class OwnedSdk:
         """Take the signal ``other`` was built for, which this one lacks."""
         if self.tracer_provider is None and other.tracer_provider is not None:
             self.tracer_provider, self.span_processor = other.tracer_provider, other.span_processor
+            self.span_processors = other.span_processors
             self.collector = other.collector
         if self.meter_provider is None and other.meter_provider is not None:
             self.meter_provider, self.metric_exporter = other.meter_provider, other.metric_exporter
+            self.metric_exporters = other.metric_exporters
             self.histograms = other.histograms
 
     def stats(self) -> dict[str, int]:
-        spans, points = self.span_processor, self.metric_exporter
+        spans, points = self.span_processors, self.metric_exporters
         return {
-            "spans_exported": spans.exported if spans else 0,
-            "spans_undelivered": spans.undelivered if spans else 0,
-            "spans_queued": spans.pending if spans else 0,
-            "points_exported": points.exported if points else 0,
-            "points_undelivered": points.undelivered if points else 0,
+            "spans_exported": sum(p.exported for p in spans),
+            "spans_undelivered": sum(p.undelivered for p in spans),
+            "spans_queued": sum(p.pending for p in spans),
+            "points_exported": sum(e.exported for e in points),
+            "points_undelivered": sum(e.undelivered for e in points),
         }
 
     def flush(self, timeout_s: float) -> bool:
@@ -229,8 +189,8 @@ class OwnedSdk:
         just not have reconnected to a collector back a moment ago.
         """
         metrics, processor = self.metric_exporter, self.span_processor
-        if metrics is not None:
-            metrics.hurry()  # a metric export asleep in its retry backoff ends now
+        for exporter in self.metric_exporters:
+            exporter.hurry()  # a metric export asleep in its retry backoff ends now
 
         def hung() -> bool:  # an export held by the collector itself, past its cut retry waits
             return (processor is not None and processor.stuck) or (metrics is not None and metrics.stuck)
@@ -273,9 +233,9 @@ class OwnedSdk:
         collector costs one ``timeout_s`` in all, not one per signal.
         """
         metrics_done = threading.Event()
-        if self.metric_exporter is not None:
+        for exporter in self.metric_exporters:
             # A periodic export asleep in its retry backoff would hold the final one back.
-            self.metric_exporter.hurry()
+            exporter.hurry()
         if self.meter_provider is not None:
             provider = self.meter_provider
 
@@ -290,43 +250,69 @@ class OwnedSdk:
         else:
             metrics_done.set()
         started = time.monotonic()
+        # Side by side: each exporter's window is the same one.
+        others = [threading.Thread(target=processor.deliver_remaining, kwargs={"timeout_s": timeout_s},
+                                   name="otel-graph-spans-exit", daemon=True)
+                  for processor in self.span_processors if processor is not self.span_processor]
+        for thread in others:
+            thread.start()
         if self.span_processor is not None:
             self.span_processor.deliver_remaining(timeout_s=timeout_s)
+        for thread in others:
+            thread.join(max(0.0, 4 * timeout_s - (time.monotonic() - started)))
         metrics_done.wait(max(0.0, timeout_s - (time.monotonic() - started)))
-        if self.metric_exporter is not None:
+        for exporter in self.metric_exporters:
             # Even when shutdown returned: the SDK's reader returns from it on its own
             # timeout, its export still running.
-            self.metric_exporter.give_up()
+            exporter.give_up()
 
 
 def build_sdk(settings: Settings, *, traces: bool, metrics: bool, scope: InstrumentationScope,
               resource_attributes: dict[str, Any] | None = None) -> OwnedSdk:
+    from otel_graph.config import check_sdk_environment
+    from otel_graph.exporters import is_otlp, protocol, resolve
+
+    check_sdk_environment()
     owned = OwnedSdk()
     resource = build_resource(resource_attributes)
+    # Every name is looked up before anything is made: a bad one fails alone.
+    span_makers = resolve("traces", settings) if traces else []
+    metric_makers = resolve("metrics", settings) if metrics else []
     # Metrics first: the Prometheus port may be taken, and nothing else (no exporter
-    # thread) must have been started by then. A span exporter that cannot be made (a file
-    # directory that cannot be) is made first, though: it must not leave a metric reader running.
-    span_exporter = _span_exporter(settings) if traces else None
+    # thread) must have been started by then. Span exporters that cannot be made (a file
+    # directory that cannot be) are made first, though: they must not leave a metric reader running.
+    span_exporters = [(name, make()) for name, make in span_makers]
     if metrics:
         readers: list[MetricReader] = []
         owned.histograms = HistogramSet(scope)
-        if settings.metrics_exporter == "prometheus":
-            readers.append(_prometheus_reader(settings, owned.histograms))
-        elif settings.metrics_exporter != "none":
-            owned.metric_exporter = CountingMetricExporter(_metric_exporter(settings),
-                                                           histograms=owned.histograms)
+        primary_otlp = False
+        for name, make in metric_makers:
+            if name == "prometheus":
+                readers.append(_prometheus_reader(settings, owned.histograms))
+                continue
+            made = make()
+            if isinstance(made, MetricReader):  # a pull exporter of another package's
+                readers.append(made)
+                continue
+            counting = CountingMetricExporter(made, histograms=owned.histograms)
+            owned.metric_exporters.append(counting)
+            if owned.metric_exporter is None or (is_otlp(name) and not primary_otlp):
+                owned.metric_exporter, primary_otlp = counting, is_otlp(name)
             readers.append(PeriodicExportingMetricReader(
-                owned.metric_exporter, export_interval_millis=settings.metric_export_interval_ms))
+                counting, export_interval_millis=settings.metric_export_interval_ms))
         owned.meter_provider = MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False)
     if traces:
         provider = TracerProvider(resource=resource, shutdown_on_exit=False)
-        exporter = span_exporter
-        if settings.traces_exporter == "otlp":
-            from otel_graph.endpoint import collector_address
+        primary_otlp = False
+        for name, exporter in span_exporters:
+            processor = ReliableSpanProcessor(exporter, max_queued=settings.max_queued_spans)
+            owned.span_processors.append(processor)
+            provider.add_span_processor(processor)
+            if owned.span_processor is None or (is_otlp(name) and not primary_otlp):
+                owned.span_processor, primary_otlp = processor, is_otlp(name)
+                if primary_otlp:
+                    from otel_graph.endpoint import collector_address
 
-            owned.collector = collector_address(otlp_protocol("traces"))
-        if exporter is not None:
-            owned.span_processor = ReliableSpanProcessor(exporter, max_queued=settings.max_queued_spans)
-            provider.add_span_processor(owned.span_processor)
+                    owned.collector = collector_address(protocol(name, "traces"))
         owned.tracer_provider = provider
     return owned

@@ -249,7 +249,7 @@ def process_providers(settings: Any, resource_attributes: dict[str, Any]) -> Any
         return providers
     logger.warning("otel_graph: no free Prometheus port in %d..%d; this process exports traces only",
                    settings.prometheus_port, settings.prometheus_port + PROMETHEUS_PORT_SPAN)
-    return providers_for(with_overrides(settings, metrics_exporter="none"), resource_attributes=resource_attributes)
+    return providers_for(with_overrides(settings, metrics_exporters=()), resource_attributes=resource_attributes)
 
 
 def _tasks_aggregated() -> int:
