@@ -238,6 +238,9 @@ class DirectEmitter:
         self._random = random.Random()
         self._parent: trace.Span | None = None
         self._parent_context: Any = None
+        #: The span limits the provider applies to spans it starts (OTEL_*_LIMIT), applied
+        #: here too; None when nothing otel_graph makes can reach them (the defaults).
+        self._limits = _biting_limits(provider)
 
     def emit(self, *, parent: trace.Span, name: str, start_ns: int, end_ns: int,
              attributes: dict[str, Any], error: ErrorInfo | None = None, span_id: int = 0) -> Any:
@@ -250,6 +253,8 @@ class DirectEmitter:
         events = ()
         if error is not None:
             events = (self._event("exception", exception_event_attributes(error), end_ns),)
+        if self._limits is not None:
+            attributes, events = _limited(self._limits, attributes, events, self._event)
         span = self._readable(
             name=name, context=context, parent=parent_context, resource=self._resource,
             attributes=attributes, events=events, kind=SpanKind.INTERNAL, status=_status(error),
@@ -257,3 +262,43 @@ class DirectEmitter:
         )
         self._processor.on_end(span)
         return context
+
+
+#: More than any span otel_graph makes carries: limits at or above it change nothing.
+_MOST_ATTRIBUTES = 128
+
+
+def _biting_limits(provider: Any) -> Any:
+    """The span limits of a provider otel_graph built (the SDK's ``SpanLimits()``, read from
+    the ``OTEL_*_LIMIT`` variables, as that provider's were), or None where they cannot
+    touch a span of ours."""
+    from opentelemetry.sdk.trace import SpanLimits
+
+    limits = SpanLimits()
+
+    def under(value: int | None) -> bool:
+        return value is not None and value < _MOST_ATTRIBUTES
+
+    if limits.max_span_attribute_length is None and limits.max_attribute_length is None \
+            and not any(under(v) for v in (limits.max_span_attributes, limits.max_events,
+                                           limits.max_event_attributes)):
+        return None
+    return limits
+
+
+def _limited(limits: Any, attributes: dict[str, Any], events: tuple, make_event: Any) -> tuple[Any, tuple]:
+    """``attributes`` and ``events`` cut to ``limits`` as the SDK cuts a span it started
+    (``Span.set_attributes``, ``Span.add_event``), with what was dropped counted."""
+    from opentelemetry.attributes import BoundedAttributes
+
+    bounded = BoundedAttributes(limits.max_span_attributes, attributes, immutable=True,
+                                max_value_len=limits.max_span_attribute_length)
+    if events:
+        if limits.max_events is not None and limits.max_events < len(events):
+            events = events[:limits.max_events]
+        events = tuple(make_event(event.name, BoundedAttributes(limits.max_event_attributes, event.attributes,
+                                                                immutable=True,
+                                                                max_value_len=limits.max_attribute_length),
+                                  event.timestamp) for event in events)
+    return bounded, events
+

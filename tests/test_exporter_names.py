@@ -1,5 +1,6 @@
 """OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER as the SDK reads them: lists, names other
-packages register, case; and checked only when otel_graph builds the SDK itself.
+packages register, case; checked only when otel_graph builds the SDK itself; and the
+SDK's span limits on the spans otel_graph makes without the SDK's Span.
 
 Driven by the environment of a fresh interpreter, as a user's script is. The third-party
 exporter is a tiny distribution under ``tests/dists`` (on ``PYTHONPATH``: registered by
@@ -95,3 +96,38 @@ def test_names_are_not_checked_when_the_application_brings_its_own_providers(mon
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_PROTOCOL")
     with pytest.raises(ConfigurationError, match="OTEL_TRACES_EXPORTER"):
         otel_graph.instrument_scheduler(resources=False)
+
+
+LONG_KEYS = r"""
+import dask, otel_graph
+handle = otel_graph.instrument_scheduler(resources=False)
+def inc(x): return x + 1
+graph = {("k" * 300) + str(i): (inc, i) for i in range(5)}
+graph["total-" + "t" * 300] = (sum, list(graph))
+print("RESULT", dask.get(graph, "total-" + "t" * 300, scheduler="sync"))
+print("FLUSHED", handle.flush(timeout_s=30))
+"""
+
+
+@pytest.mark.parametrize("limits", [{"OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": "50"},
+                                    {"OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT": "40",
+                                     "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT": "4"}])
+def test_the_sdks_span_limits_apply_to_task_spans(receiver, limits):
+    import subprocess
+    import sys
+
+    env = otlp_env(receiver.grpc_endpoint, "grpc", OTEL_METRICS_EXPORTER="none", **limits)
+    proc = subprocess.run([sys.executable, "-c", LONG_KEYS], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "FLUSHED True" in proc.stdout, proc.stderr[-2000:]
+    spans = receiver.spans()
+    tasks = [s for s in spans if s["name"] != "dask.compute"]
+    assert len(tasks) == 6, [s["name"] for s in spans]
+    length = int(limits.get("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", limits.get("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT")))
+    count = int(limits.get("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "128"))
+    for span in spans:  # the compute span (the SDK's own) and the task spans (otel_graph's) alike
+        assert all(len(v) <= length for v in span["attributes"].values() if isinstance(v, str)), span["name"]
+        assert len(span["attributes"]) <= count, span["attributes"]
+    if count == 128:  # the key is there, cut to the limit
+        assert {len(t["attributes"]["dask.task.key"]) for t in tasks} == {length}
+    else:  # the last attributes set are kept, as the SDK keeps them
+        assert {len(t["attributes"]) for t in tasks} == {count}
