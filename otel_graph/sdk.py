@@ -125,6 +125,8 @@ class OwnedSdk:
     metric_exporter: CountingMetricExporter | None = None
     span_processors: list[ReliableSpanProcessor] = field(default_factory=list)
     metric_exporters: list[CountingMetricExporter] = field(default_factory=list)
+    #: The readers that push (one per exporter in metric_exporters): what a flush collects for.
+    push_readers: list[MetricReader] = field(default_factory=list)
     histograms: HistogramSet | None = None
     #: (host, port) the OTLP span exporter sends to, if over TCP: asked at exit (endpoint.py).
     collector: tuple[str, int] | None = None
@@ -137,7 +139,7 @@ class OwnedSdk:
             self.collector = other.collector
         if self.meter_provider is None and other.meter_provider is not None:
             self.meter_provider, self.metric_exporter = other.meter_provider, other.metric_exporter
-            self.metric_exporters = other.metric_exporters
+            self.metric_exporters, self.push_readers = other.metric_exporters, other.push_readers
             self.histograms = other.histograms
 
     def stats(self) -> dict[str, int]:
@@ -154,14 +156,14 @@ class OwnedSdk:
         """Export everything recorded so far, spans and metrics side by side, within ``timeout_s``."""
         metrics_done: list[bool] = []
         thread = None
-        # A pull reader (Prometheus) has nothing to push, and collecting for it early makes
-        # its next scrape list every series twice.
-        if self.meter_provider is not None and self.metric_exporter is not None:
-            provider = self.meter_provider
+        # Only the readers that push: a pull reader (Prometheus) has nothing to push, and
+        # collecting for it early makes its next scrape list every series twice.
+        if self.meter_provider is not None and self.push_readers:
+            readers = list(self.push_readers)
 
             def flush_metrics() -> None:
                 try:
-                    metrics_done.append(provider.force_flush(int(timeout_s * 1000)))
+                    metrics_done.append(all([reader.force_flush(int(timeout_s * 1000)) for reader in readers]))
                 except Exception:
                     logger.debug("otel_graph: metric flush raised", exc_info=True)
                     metrics_done.append(False)
@@ -278,19 +280,22 @@ def build_sdk(settings: Settings, *, traces: bool, metrics: bool, scope: Instrum
     # Every name is looked up before anything is made: a bad one fails alone.
     span_makers = resolve("traces", settings) if traces else []
     metric_makers = resolve("metrics", settings) if metrics else []
-    # Metrics first: the Prometheus port may be taken, and nothing else (no exporter
-    # thread) must have been started by then. Span exporters that cannot be made (a file
-    # directory that cannot be) are made first, though: they must not leave a metric reader running.
+    # Everything that can fail and starts nothing first: the exporter objects (a file
+    # directory that cannot be, a package's constructor) and the tracer provider (bad span
+    # limits). Then the Prometheus port, which may be taken; only then threads: readers
+    # and processors. A failure leaves nothing running.
     span_exporters = [(name, make()) for name, make in span_makers]
+    metric_exporters = [(name, make()) for name, make in metric_makers]
+    provider = TracerProvider(resource=resource, shutdown_on_exit=False) if traces else None
     if metrics:
         readers: list[MetricReader] = []
         owned.histograms = HistogramSet(scope)
+        if any(name == "prometheus" for name, _ in metric_exporters):
+            readers.append(_prometheus_reader(settings, owned.histograms))
         primary_otlp = False
-        for name, make in metric_makers:
-            if name == "prometheus":
-                readers.append(_prometheus_reader(settings, owned.histograms))
+        for name, made in metric_exporters:
+            if made is None:  # prometheus: its reader is made above
                 continue
-            made = make()
             if isinstance(made, MetricReader):  # a pull exporter of another package's
                 readers.append(made)
                 continue
@@ -298,11 +303,11 @@ def build_sdk(settings: Settings, *, traces: bool, metrics: bool, scope: Instrum
             owned.metric_exporters.append(counting)
             if owned.metric_exporter is None or (is_otlp(name) and not primary_otlp):
                 owned.metric_exporter, primary_otlp = counting, is_otlp(name)
-            readers.append(PeriodicExportingMetricReader(
-                counting, export_interval_millis=settings.metric_export_interval_ms))
+            reader = PeriodicExportingMetricReader(counting, export_interval_millis=settings.metric_export_interval_ms)
+            owned.push_readers.append(reader)
+            readers.append(reader)
         owned.meter_provider = MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False)
-    if traces:
-        provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+    if provider is not None:
         primary_otlp = False
         for name, exporter in span_exporters:
             processor = ReliableSpanProcessor(exporter, max_queued=settings.max_queued_spans)

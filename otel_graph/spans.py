@@ -294,11 +294,11 @@ def _limited(limits: Any, attributes: dict[str, Any], events: tuple, make_event:
     bounded = BoundedAttributes(limits.max_span_attributes, attributes, immutable=True,
                                 max_value_len=limits.max_span_attribute_length)
     if events:
-        if limits.max_events is not None and limits.max_events < len(events):
-            events = events[:limits.max_events]
-        events = tuple(make_event(event.name, BoundedAttributes(limits.max_event_attributes, event.attributes,
-                                                                immutable=True,
-                                                                max_value_len=limits.max_attribute_length),
-                                  event.timestamp) for event in events)
+        from opentelemetry.sdk.util import BoundedList
+
+        events = BoundedList.from_seq(limits.max_events, [  # keeps the last, counts the rest, as Span does
+            make_event(event.name, BoundedAttributes(limits.max_event_attributes, event.attributes, immutable=True,
+                                                     max_value_len=limits.max_attribute_length), event.timestamp)
+            for event in events])
     return bounded, events
 

@@ -84,8 +84,9 @@ def test_bad_environment_fails_at_instrument_scheduler_with_a_clear_message():
                     "is not valid; accepted values: grpc, http/protobuf")
 
 
-@pytest.mark.parametrize("signal", ["TRACES", "METRICS"])
-def test_a_file_dir_that_cannot_be_made_is_a_clear_error_that_leaves_nothing_running(tmp_path, signal):
+@pytest.mark.parametrize(("signal", "names"), [("TRACES", "otlp_file"), ("METRICS", "otlp_file"),
+                                               ("METRICS", "otlp,otlp_file"), ("TRACES", "otlp,otlp_file")])
+def test_a_file_dir_that_cannot_be_made_is_a_clear_error_that_leaves_nothing_running(tmp_path, signal, names):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     code = (
@@ -102,7 +103,7 @@ def test_a_file_dir_that_cannot_be_made_is_a_clear_error_that_leaves_nothing_run
         "    t.join(5 / len(others))\n"
         "print('THREADS', sorted(t.name for t in others if t.is_alive()))\n"
     )
-    env = subprocess_env(**{f"OTEL_{signal}_EXPORTER": "otlp_file", "OTEL_GRAPH_FILE_DIR": str(blocker / "out"),
+    env = subprocess_env(**{f"OTEL_{signal}_EXPORTER": names, "OTEL_GRAPH_FILE_DIR": str(blocker / "out"),
                             "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"})
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 0, proc.stderr
@@ -156,6 +157,7 @@ def test_any_value_of_any_variable_is_accepted_or_refused_clearly(name, value):
         env["OTEL_TRACES_SAMPLER"] = "traceidratio"
     try:
         loaded = load_settings(env)
+        check_sdk_environment(env)  # what building the SDK checks first
     except ConfigurationError as error:
         message = str(error)
         assert message.startswith(f"{name}=") and "accepted values" in message

@@ -247,9 +247,11 @@ def process_providers(settings: Any, resource_attributes: dict[str, Any]) -> Any
         logger.warning("otel_graph: port %d was taken; this process serves Prometheus metrics on %s:%d",
                        settings.prometheus_port, moved.prometheus_host, moved.prometheus_port)
         return providers
-    logger.warning("otel_graph: no free Prometheus port in %d..%d; this process exports traces only",
-                   settings.prometheus_port, settings.prometheus_port + PROMETHEUS_PORT_SPAN)
-    return providers_for(with_overrides(settings, metrics_exporters=()), resource_attributes=resource_attributes)
+    others = tuple(name for name in settings.metrics_exporters if name != "prometheus")
+    logger.warning("otel_graph: no free Prometheus port in %d..%d; this process serves no Prometheus metrics%s",
+                   settings.prometheus_port, settings.prometheus_port + PROMETHEUS_PORT_SPAN,
+                   f" (its metrics still go to {', '.join(others)})" if others else "")
+    return providers_for(with_overrides(settings, metrics_exporters=others), resource_attributes=resource_attributes)
 
 
 def _tasks_aggregated() -> int:
