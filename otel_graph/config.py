@@ -63,7 +63,7 @@ OWN_VARIABLES: Mapping[str, str] = {
     OTEL_GRAPH_RESOURCES: "`true`/`false`: publish CPU, memory and GPU readings. Default true.",
     OTEL_GRAPH_GPU: "`true`/`false`: read GPUs through NVML. Default true.",
     OTEL_GRAPH_FILE_DIR: "Directory of `traces.jsonl` and `metrics.jsonl` (OTLP JSON lines) when "
-    "OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER is `otlp_file`. Default `otel-graph-out`.",
+    "OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER lists `otlp_file`. Default `otel-graph-out`.",
 }
 
 # --- standard variables we validate -------------------------------------------

@@ -72,9 +72,10 @@ def resolve(signal: str, settings: Settings) -> list[tuple[str, Callable[[], Any
             registered = _registered(signal)
         point = registered.get(name)
         if point is None:
-            accepted = ", ".join([*_OWN[signal], *sorted(set(registered) - set(_OWN[signal])), "none"])
+            accepted = ", ".join([*_OWN[signal], *sorted(set(registered) - set(_OWN[signal]))])
             raise ConfigurationError(f"{_VARIABLES[signal]}={', '.join(names)!r} names {name!r}, which no "
-                                     f"installed package provides; accepted values: {accepted}")
+                                     f"installed package provides; accepted values: a comma-separated list "
+                                     f"of {accepted}; or none alone")
         try:
             kind = point.load()
         except Exception as exc:

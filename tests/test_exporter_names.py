@@ -58,7 +58,9 @@ def test_an_exporter_another_package_registers_is_used(receiver, tmp_path):
 
 
 @pytest.mark.parametrize(("value", "says"), [
-    ("jaeger", "names 'jaeger', which no installed package provides; accepted values: otlp, "),
+    ("jaeger", "names 'jaeger', which no installed package provides; accepted values: a comma-separated list "
+               "of otlp, "),
+    ("otlp,none", "names 'none'"),
     ("console,jaeger", "names 'jaeger'"),
     ("Console", "names 'Console'"),
     ("not_an_exporter", "'not_an_exporter' (otel_graph_test_exporter:NotAnExporter) is not a trace exporter"),
