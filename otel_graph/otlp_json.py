@@ -11,6 +11,16 @@ are hex strings and enums are numbers.
 
 Files are created readable by their owner only: telemetry describes the user's work.
 
+Why not the upstream ``opentelemetry-exporter-otlp-json-file`` (registered as
+``otlp_json_file``, which ``OTEL_TRACES_EXPORTER`` accepts where it is installed): its
+lines are the same OTLP/JSON, and it encodes faster (31 against 52 us a span, measured
+here on 2,048-span batches, 0.66b1), but it is a beta that brings a second beta
+(``opentelemetry-proto-json``), it creates its files with the process's umask (0644 here:
+readable by every user of an HPC node), and it writes through a buffered text stream,
+where this module puts each line in one ``write`` to an ``O_APPEND`` file so that a
+cluster's processes can share one. Worth taking once it is stable and can be told the
+file mode.
+
 >>> from opentelemetry.sdk.trace import ReadableSpan
 >>> from opentelemetry.trace import SpanContext
 >>> line = span_request_json([ReadableSpan("inc", context=SpanContext(0xAB, 0xCD, is_remote=False))])
