@@ -131,7 +131,7 @@ def _own_spans(name: str, settings: Settings) -> Any:
         from otel_graph.otlp_json import OtlpJsonSpanExporter
 
         return _in_file_dir(settings, lambda directory: OtlpJsonSpanExporter(directory / "traces.jsonl"))
-    from otel_graph.otlp_fast import otlp_span_exporter
+    from otel_graph.sdk_internals import otlp_span_exporter
 
     return otlp_span_exporter(protocol=protocol(name, "traces"))
 
@@ -150,7 +150,7 @@ def _own_metrics(name: str, settings: Settings) -> Any:
     if protocol(name, "metrics") == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
 
-        from otel_graph.otlp_fast import GRPC_CHANNEL_OPTIONS
+        from otel_graph.sdk_internals import GRPC_CHANNEL_OPTIONS
 
         return OTLPMetricExporter(channel_options=GRPC_CHANNEL_OPTIONS)
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetricExporter

@@ -199,9 +199,11 @@ def providers_for(settings: Settings, *, tracer_provider: Any = None, meter_prov
     tracer = tracer_provider.get_tracer(SCOPE.name, SCOPE.version)
     meter = meter_provider.get_meter(SCOPE.name, SCOPE.version)
     emitter: Any = ApiEmitter(tracer)
-    if owned is not None and tracer_provider is owned.tracer_provider and hasattr(
-            tracer_provider, "_active_span_processor"):
-        emitter = DirectEmitter(tracer_provider, SCOPE)
+    if owned is not None and tracer_provider is owned.tracer_provider:
+        from otel_graph.sdk_internals import span_processor
+
+        if span_processor(tracer_provider) is not None:
+            emitter = DirectEmitter(tracer_provider, SCOPE)
     histograms = owned.histograms if owned is not None and meter_provider is owned.meter_provider else None
     instruments = _instruments_for(meter_provider, meter, histograms, settings)
     return Providers(tracer_provider, meter_provider, owned, tracer, emitter, instruments)

@@ -1,4 +1,4 @@
-"""OTLP span encoding several times faster than the stock encoder, and exporters that use it.
+"""OTLP span encoding several times faster than the stock encoder.
 
 A Dask compute can end 10^5 tasks, one span each. The stock encoder
 (``opentelemetry.exporter.otlp.proto.common.trace_encoder.encode_spans``) builds
@@ -21,9 +21,9 @@ Usage
 >>> encode_spans_fast([span]).resource_spans[0].scope_spans[0].spans[0].attributes[0].value.string_value
 'inc'
 
-To export, ``otlp_span_exporter(protocol="grpc")`` (or ``"http/protobuf"``) builds
-the stock exporter, which reads ``OTEL_EXPORTER_OTLP_*``, and makes it encode
-fast. ``fast_span_exporter(exporter)`` does the same to one you built.
+To export, :func:`otel_graph.sdk_internals.otlp_span_exporter` builds the stock
+exporter, which reads ``OTEL_EXPORTER_OTLP_*``, and makes it encode with this module
+(the stock exporters' private parts that takes are all in :mod:`otel_graph.sdk_internals`).
 Give each directly built ``ReadableSpan`` a shared ``resource=``: without one, each
 gets its own ``Resource.create({})``, which is slow to create and to group.
 
@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import logging
 import struct
-import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -56,12 +55,9 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, Instr
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, SpanFlags, Status
 from opentelemetry.sdk.trace import Event, ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-from opentelemetry.semconv.attributes.http_attributes import HTTP_RESPONSE_STATUS_CODE
 from opentelemetry.trace import Link, SpanKind, StatusCode
 
-__all__ = ["EncodedSpans", "encode_chunks", "encode_spans_fast", "fast_span_exporter", "otlp_span_exporter",
-           "takes_encoded_chunks"]
+__all__ = ["EncodedSpans", "encode_chunks", "encode_spans_fast"]
 
 _logger = logging.getLogger(__name__)
 
@@ -348,12 +344,6 @@ def encode_chunks(spans: Sequence[ReadableSpan], *, max_bytes: int) -> list[list
     return chunks
 
 
-def takes_encoded_chunks(exporter: SpanExporter) -> bool:
-    """Whether ``exporter`` is one :func:`fast_span_exporter` made, which reuses :func:`encode_chunks`' parts."""
-    return isinstance(exporter, _FastHttpSpanExporter) or (
-        getattr(exporter, "__dict__", {}).get("_translate_data") is encode_spans_fast)
-
-
 def _encode_request(spans: Sequence[ReadableSpan]) -> bytes:
     """``spans`` as a serialized ``ExportTraceServiceRequest``."""
     # Group as stock does, by resource then scope, with their == and first-seen order.
@@ -390,164 +380,3 @@ def encode_spans_fast(spans: Sequence[ReadableSpan]) -> ExportTraceServiceReques
     request = ExportTraceServiceRequest()
     request.ParseFromString(_encode_request(spans))
     return request
-
-
-# -- exporters ---------------------------------------------------------------
-# The only code that reads the stock exporters' private parts, checked against
-# opentelemetry-exporter-otlp-proto-grpc and -http 1.45.2. When a part is missing,
-# the exporter has changed: it is returned as it is, slower but right.
-
-_HTTP_PARTS = ("_shutdown", "_metrics", "_max_request_size", "_client")
-
-
-def _stock_class(transport: str) -> Any:
-    # From sys.modules only: an instance means the module is loaded, and grpc is slow to import.
-    module = sys.modules.get(f"opentelemetry.exporter.otlp.proto.{transport}.trace_exporter")
-    return getattr(module, "OTLPSpanExporter", None)
-
-
-def fast_span_exporter(exporter: SpanExporter) -> SpanExporter:
-    """Make a stock OTLP span exporter encode with :func:`encode_spans_fast`.
-
-    The gRPC exporter is changed in place and returned. The HTTP exporter is
-    wrapped by one that repeats its ``export`` with the fast encoder and leaves
-    the rest to it. Any other exporter, subclasses included, is returned unchanged.
-    """
-    kind = type(exporter)
-    if kind is _stock_class("grpc") and callable(getattr(exporter, "_translate_data", None)):
-        # Its _export() calls self._translate_data(spans) on each try; an instance attribute wins.
-        exporter._translate_data = encode_spans_fast  # type: ignore[attr-defined]
-    elif kind is _stock_class("http") and all(hasattr(exporter, part) for part in _HTTP_PARTS):
-        try:
-            from opentelemetry.exporter.otlp.proto.http import _common
-        except ImportError:
-            return exporter
-        parts = hasattr(_common, "_is_request_too_large") and hasattr(_common, "RequestPayloadTooLargeError")
-        if parts and callable(getattr(exporter._client, "export", None)):
-            return _FastHttpSpanExporter(exporter, _common)
-    return exporter
-
-
-#: gRPC channel options for otel_graph's OTLP exporters. A channel whose collector went
-#: away backs off its reconnects up to 120 s by default, and channels made anew share
-#: that state through the global subchannel pool: the exporter's own remaking of its
-#: channel then fails at once, "failed to connect", for a minute after the collector is
-#: back. A pool of the channel's own, and backoff capped at 1 s, make a collector that
-#: returns reachable within a second (found by tests/test_otlp_export.py: a collector
-#: restarted on its port got every span at exit but, often, no metrics).
-GRPC_CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
-    ("grpc.use_local_subchannel_pool", 1),
-    ("grpc.initial_reconnect_backoff_ms", 250),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-)
-
-
-def otlp_span_exporter(*, protocol: str) -> SpanExporter:
-    """The stock OTLP span exporter for ``protocol`` (``grpc`` or ``http/protobuf``), made fast.
-
-    The stock constructor reads endpoint, headers, timeout, compression and
-    certificates from ``OTEL_EXPORTER_OTLP_*``. Only the transport used is imported.
-    """
-    if protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
-
-        return fast_span_exporter(GrpcExporter(channel_options=GRPC_CHANNEL_OPTIONS))
-    if protocol == "http/protobuf":
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
-
-        from otel_graph.http_session import certificate_session
-
-        return fast_span_exporter(HttpExporter(session=certificate_session("traces")))
-    raise ValueError(f"OTLP protocol {protocol!r} is not supported; use 'grpc' or 'http/protobuf'")
-
-
-def stop_retry_waits(exporter: Any) -> None:
-    """From now on, a stock OTLP exporter (of spans or metrics) tries each export once.
-
-    The stock exporters retry inside ``export()`` with exponential backoff (1, 2, 4 s...)
-    until their timeout, and wait on an event that their ``shutdown()`` sets. Setting it
-    alone, at exit, cuts short a retry sleeping through a collector that has just come
-    back, and leaves retrying to otel_graph's processor, which retries at once then.
-    """
-    _quiet_exit_retries()
-    stock = exporter._stock if isinstance(exporter, _FastHttpSpanExporter) else exporter
-    for event in (getattr(stock, "_shutdown_in_progress", None),  # gRPC
-                  getattr(getattr(stock, "_client", None), "_shutdown_event", None)):  # HTTP
-        if callable(getattr(event, "set", None)):
-            event.set()
-
-
-#: Where the stock OTLP exporters log their retries.
-_EXPORTER_LOGGERS = ("opentelemetry.exporter.otlp.proto.grpc.exporter",
-                     "opentelemetry.exporter.otlp.proto.http.trace_exporter",
-                     "opentelemetry.exporter.otlp.proto.http.metric_exporter")
-
-
-class _ExitRetries(logging.Filter):
-    """Demotes to DEBUG the stock exporters' lines about retries that exit cuts short.
-
-    With their waits cut (:func:`stop_retry_waits`), each failed try logs "Transient
-    error ... retrying in N s" and then "Shutdown in progress, aborting retry." (gRPC),
-    or "Failed to export ... due to timeout, max retries or shutdown." (HTTP), and exit
-    tries every 0.1 s for up to a second, in every process of a cluster: 88 lines in
-    one short run with the collector down, none of it news. otel_graph's warning says
-    what was not delivered. Before exit, the exporters log as they always do, and a
-    refusal that is news (an HTTP status, a gRPC error code) is kept at exit too.
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        text = record.msg if isinstance(record.msg, str) else ""
-        if text.startswith(("Transient error", "Shutdown in progress")) or (
-                text.startswith("Failed to export") and text.endswith("due to timeout, max retries or shutdown.")):
-            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
-        return True
-
-
-_EXIT_RETRIES = _ExitRetries()
-
-
-def _quiet_exit_retries() -> None:
-    for name in _EXPORTER_LOGGERS:
-        found = logging.getLogger(name)
-        if _EXIT_RETRIES not in found.filters:
-            found.addFilter(_EXIT_RETRIES)
-
-
-class _FastHttpSpanExporter(SpanExporter):
-    """The stock HTTP exporter's ``export`` with the fast encoder; all else is the stock exporter's."""
-
-    def __init__(self, stock: Any, common: Any) -> None:
-        self._stock, self._common = stock, common
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        stock, limit = self._stock, self._stock._max_request_size
-        if stock._shutdown:
-            _logger.warning("Exporter already shutdown, ignoring batch")
-            return SpanExportResult.FAILURE
-        with stock._metrics.export_operation(len(spans)) as result:
-            try:
-                data = _encode_request(spans)  # bytes already: no round trip through the messages
-            except Exception as error:
-                # Stock returns FAILURE here, and a processor retries the same batch forever.
-                # Raised, otel_graph's processor finds the span that cannot be encoded and
-                # drops it alone (pipeline.ReliableSpanProcessor), as with the gRPC exporter.
-                result.error = error
-                raise
-            if self._common._is_request_too_large(data, limit):
-                message = f"Serialized span request size {len(data)} bytes exceeds max_request_size {limit} bytes."
-                _logger.warning("Dropping span batch: %s", message)
-                result.error = self._common.RequestPayloadTooLargeError(message)
-                return SpanExportResult.FAILURE
-            sent = stock._client.export(data)
-            if not sent.success:
-                result.error = sent.error
-                code = sent.status_code
-                result.error_attrs = {HTTP_RESPONSE_STATUS_CODE: code} if code is not None else None
-                return SpanExportResult.FAILURE
-        return SpanExportResult.SUCCESS
-
-    def shutdown(self) -> None:
-        self._stock.shutdown()
-
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return bool(self._stock.force_flush(timeout_millis))

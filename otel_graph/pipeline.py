@@ -91,8 +91,8 @@ def _weight(span: ReadableSpan) -> int:
 
 
 def _takes_encoded_chunks(exporter: SpanExporter) -> bool:
-    otlp_fast = sys.modules.get("otel_graph.otlp_fast")  # not loaded: not one of its exporters
-    return otlp_fast is not None and otlp_fast.takes_encoded_chunks(exporter)
+    internals = sys.modules.get("otel_graph.sdk_internals")  # not loaded: not one of its exporters
+    return internals is not None and internals.takes_encoded_chunks(exporter)
 
 
 class ReliableSpanProcessor(SpanProcessor):
@@ -212,7 +212,7 @@ class ReliableSpanProcessor(SpanProcessor):
 
     def _hurry(self) -> None:
         # Exit is near: retry at once, never sleep out a backoff, ours or the exporter's.
-        from otel_graph.otlp_fast import stop_retry_waits
+        from otel_graph.sdk_internals import stop_retry_waits
 
         stop_retry_waits(self._exporter)
         with self._cond:
@@ -415,8 +415,10 @@ class CountingMetricExporter(MetricExporter):
     """Counts data points exported and not delivered; delegates everything else."""
 
     def __init__(self, inner: MetricExporter, *, histograms: HistogramSet | None = None) -> None:
-        super().__init__(preferred_temporality=inner._preferred_temporality,
-                         preferred_aggregation=inner._preferred_aggregation)
+        from otel_graph.sdk_internals import preferences
+
+        temporality, aggregation = preferences(inner)
+        super().__init__(preferred_temporality=temporality, preferred_aggregation=aggregation)
         self._inner = inner
         self._histograms = histograms
         self.exported = 0
@@ -450,7 +452,7 @@ class CountingMetricExporter(MetricExporter):
         it then replaces; without retry sleeps the final export would end on that
         failure, with the collector back and a fresh connection ready.
         """
-        from otel_graph.otlp_fast import stop_retry_waits
+        from otel_graph.sdk_internals import stop_retry_waits
 
         stop_retry_waits(self._inner)
         self._hurried = True

@@ -69,19 +69,14 @@ def build_resource(extra: dict[str, Any] | None = None) -> Resource:
 
 def _prometheus_reader(settings: Settings, histograms: HistogramSet) -> MetricReader:
     try:
-        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+        from opentelemetry.exporter import prometheus  # the reader is made by sdk_internals
         from prometheus_client import start_http_server
     except ImportError:
         raise ConfigurationError(
             "OTEL_METRICS_EXPORTER='prometheus' needs the prometheus exporter: "
             "pip install 'otel-graph[prometheus]'"
         ) from None
-    class MergingPrometheusReader(PrometheusMetricReader):
-        def _receive_metrics(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> None:
-            if metrics_data is not None:
-                metrics_data = histograms.merge_into(metrics_data, AggregationTemporality.CUMULATIVE)
-            super()._receive_metrics(metrics_data, timeout_millis, **kwargs)
-
+    del prometheus  # only asked for: it is there
     # Listen first: the reader registers itself in prometheus_client's global registry as
     # it is made, so a reader made for a port we cannot have would linger and serve twice.
     try:
@@ -91,8 +86,9 @@ def _prometheus_reader(settings: Settings, histograms: HistogramSet) -> MetricRe
             f"OTEL_EXPORTER_PROMETHEUS_HOST/PORT: cannot listen on "
             f"{settings.prometheus_host}:{settings.prometheus_port}: {exc}"
         ) from None
-    reader = MergingPrometheusReader()
-    return reader
+    from otel_graph.sdk_internals import prometheus_reader
+
+    return prometheus_reader(lambda data: histograms.merge_into(data, AggregationTemporality.CUMULATIVE))
 
 
 class PortInUse(ConfigurationError):

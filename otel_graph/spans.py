@@ -229,7 +229,9 @@ class DirectEmitter:
         from opentelemetry.sdk.trace import Event, ReadableSpan
         from opentelemetry.trace import SpanContext
 
-        self._processor = provider._active_span_processor
+        from otel_graph.sdk_internals import span_processor
+
+        self._processor = span_processor(provider)
         self._resource = provider.resource
         self._scope = scope
         self._readable = ReadableSpan

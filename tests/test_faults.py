@@ -187,7 +187,7 @@ def test_a_backed_up_queue_goes_out_in_large_requests_under_the_size_limit(proto
     # default batch of 512 of them would be 8 MB) pass the collector's 4 MB limit.
     from opentelemetry.sdk.trace import TracerProvider
 
-    from otel_graph.otlp_fast import otlp_span_exporter
+    from otel_graph.sdk_internals import otlp_span_exporter
     from otel_graph.pipeline import MAX_REQUEST_BYTES, ReliableSpanProcessor
 
     with OtlpReceiver(hang=True) as receiver:  # the first request waits until every span is queued

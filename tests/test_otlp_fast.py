@@ -38,15 +38,8 @@ from opentelemetry.trace import (
     set_span_in_context,
 )
 
-from otel_graph.otlp_fast import (
-    EncodedSpans,
-    _encode_request,
-    encode_chunks,
-    encode_spans_fast,
-    fast_span_exporter,
-    otlp_span_exporter,
-    takes_encoded_chunks,
-)
+from otel_graph.otlp_fast import EncodedSpans, _encode_request, encode_chunks, encode_spans_fast
+from otel_graph.sdk_internals import fast_span_exporter, otlp_span_exporter, takes_encoded_chunks
 from otlp_receiver import OtlpReceiver
 
 SCHEMA = "https://opentelemetry.io/schemas/1.26.0"
@@ -372,3 +365,79 @@ def test_other_exporters_are_returned_unchanged(monkeypatch: pytest.MonkeyPatch)
 def test_unknown_protocol_is_refused() -> None:
     with pytest.raises(ValueError, match="http/json"):
         otlp_span_exporter(protocol="http/json")
+
+
+# -- a release that changed a private part: the stock path, said once ---------------------------
+
+def test_an_http_exporter_whose_private_parts_changed_delivers_through_the_stock_path(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from opentelemetry.exporter.otlp.proto.http import _common
+
+    from otel_graph import sdk_internals
+
+    monkeypatch.setattr(sdk_internals, "_SAID", set())
+    monkeypatch.delattr(_common, "_is_request_too_large")  # as if a release renamed it
+    with OtlpReceiver() as receiver:
+        with caplog.at_level(logging.WARNING, logger="otel_graph"):
+            exporters = [fast_span_exporter(http_trace_exporter.OTLPSpanExporter(
+                endpoint=f"{receiver.http_endpoint}/v1/traces")) for _ in range(2)]
+        try:
+            assert all(type(e) is http_trace_exporter.OTLPSpanExporter for e in exporters)  # stock, unwrapped
+            assert not any(takes_encoded_chunks(e) for e in exporters)
+            assert exporters[0].export(_task_spans()) is SpanExportResult.SUCCESS
+        finally:
+            for exporter in exporters:
+                exporter.shutdown()
+        assert len(receiver.spans()) == 3
+    said = [r for r in caplog.records if r.name == "otel_graph"]
+    assert len(said) == 1 and "HTTP OTLPSpanExporter's private parts" in said[0].getMessage()
+
+
+def test_a_grpc_exporter_whose_encoder_hook_changed_encodes_with_the_stock_encoder(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from otel_graph import sdk_internals
+
+    monkeypatch.setattr(sdk_internals, "_SAID", set())
+    original = grpc_trace_exporter.OTLPSpanExporter._translate_data
+
+    def translate(self: Any, data: Any, compact: bool) -> Any:  # a release that added an argument
+        return original(self, data)
+
+    monkeypatch.setattr(grpc_trace_exporter.OTLPSpanExporter, "_translate_data", translate)
+    with caplog.at_level(logging.WARNING, logger="otel_graph"):
+        exporter = fast_span_exporter(grpc_trace_exporter.OTLPSpanExporter(endpoint="localhost:4317", insecure=True))
+    try:
+        assert "_translate_data" not in vars(exporter) and not takes_encoded_chunks(exporter)
+    finally:
+        exporter.shutdown()
+    said = [r for r in caplog.records if r.name == "otel_graph"]
+    assert len(said) == 1 and "_translate_data" in said[0].getMessage()
+
+
+def test_a_metric_exporter_without_its_preferences_is_still_counted(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
+
+    from otel_graph import sdk_internals
+    from otel_graph.pipeline import CountingMetricExporter
+
+    class Bare(MetricExporter):
+        def __init__(self) -> None:  # never calls the base: no _preferred_* attributes
+            pass
+
+        def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
+            return MetricExportResult.SUCCESS
+
+        def force_flush(self, timeout_millis: float = 10_000) -> bool:
+            return True
+
+        def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+            pass
+
+    monkeypatch.setattr(sdk_internals, "_SAID", set())
+    with caplog.at_level(logging.WARNING, logger="otel_graph"):
+        counting = CountingMetricExporter(Bare())
+    from opentelemetry.sdk.metrics.export import MetricsData
+
+    assert counting.export(MetricsData(resource_metrics=[])) is MetricExportResult.SUCCESS
+    assert any("_preferred_temporality" in r.getMessage() for r in caplog.records if r.name == "otel_graph")
