@@ -69,14 +69,13 @@ def build_resource(extra: dict[str, Any] | None = None) -> Resource:
 
 def _prometheus_reader(settings: Settings, histograms: HistogramSet) -> MetricReader:
     try:
-        from opentelemetry.exporter import prometheus  # the reader is made by sdk_internals
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
         from prometheus_client import start_http_server
     except ImportError:
         raise ConfigurationError(
             "OTEL_METRICS_EXPORTER='prometheus' needs the prometheus exporter: "
             "pip install 'otel-graph[prometheus]'"
         ) from None
-    del prometheus  # only asked for: it is there
     # Listen first: the reader registers itself in prometheus_client's global registry as
     # it is made, so a reader made for a port we cannot have would linger and serve twice.
     try:
@@ -88,7 +87,8 @@ def _prometheus_reader(settings: Settings, histograms: HistogramSet) -> MetricRe
         ) from None
     from otel_graph.sdk_internals import prometheus_reader
 
-    return prometheus_reader(lambda data: histograms.merge_into(data, AggregationTemporality.CUMULATIVE))
+    return prometheus_reader(PrometheusMetricReader,
+                             lambda data: histograms.merge_into(data, AggregationTemporality.CUMULATIVE))
 
 
 class PortInUse(ConfigurationError):
@@ -288,32 +288,39 @@ def build_sdk(settings: Settings, *, traces: bool, metrics: bool, scope: Instrum
         owned.histograms = HistogramSet(scope)
         if any(name == "prometheus" for name, _ in metric_exporters):
             readers.append(_prometheus_reader(settings, owned.histograms))
-        primary_otlp = False
+        counted: list[tuple[str, CountingMetricExporter]] = []
         for name, made in metric_exporters:
             if made is None:  # prometheus: its reader is made above
                 continue
             if isinstance(made, MetricReader):  # a pull exporter of another package's
                 readers.append(made)
                 continue
-            counting = CountingMetricExporter(made, histograms=owned.histograms)
-            owned.metric_exporters.append(counting)
-            if owned.metric_exporter is None or (is_otlp(name) and not primary_otlp):
-                owned.metric_exporter, primary_otlp = counting, is_otlp(name)
-            reader = PeriodicExportingMetricReader(counting, export_interval_millis=settings.metric_export_interval_ms)
-            owned.push_readers.append(reader)
-            readers.append(reader)
+            counted.append((name, CountingMetricExporter(made, histograms=owned.histograms)))
+        owned.metric_exporters = [counting for _, counting in counted]
+        owned.metric_exporter = _primary(counted)
+        interval = settings.metric_export_interval_ms
+        owned.push_readers = [PeriodicExportingMetricReader(counting, export_interval_millis=interval)
+                              for counting in owned.metric_exporters]
+        readers += owned.push_readers
         owned.meter_provider = MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False)
     if provider is not None:
-        primary_otlp = False
-        for name, exporter in span_exporters:
-            processor = ReliableSpanProcessor(exporter, max_queued=settings.max_queued_spans)
-            owned.span_processors.append(processor)
+        processed = [(name, ReliableSpanProcessor(exporter, max_queued=settings.max_queued_spans))
+                     for name, exporter in span_exporters]
+        for _, processor in processed:
             provider.add_span_processor(processor)
-            if owned.span_processor is None or (is_otlp(name) and not primary_otlp):
-                owned.span_processor, primary_otlp = processor, is_otlp(name)
-                if primary_otlp:
-                    from otel_graph.endpoint import collector_address
+        owned.span_processors = [processor for _, processor in processed]
+        owned.span_processor = _primary(processed)
+        otlp = next((name for name, _ in processed if is_otlp(name)), None)
+        if otlp is not None:
+            from otel_graph.endpoint import collector_address
 
-                    owned.collector = collector_address(protocol(name, "traces"))
+            owned.collector = collector_address(protocol(otlp, "traces"))
         owned.tracer_provider = provider
     return owned
+
+
+def _primary(named: list[tuple[str, Any]]) -> Any:
+    """The first of ``named`` made for an OTLP exporter name, else the first; None if none."""
+    from otel_graph.exporters import is_otlp
+
+    return next((made for name, made in named if is_otlp(name)), named[0][1] if named else None)

@@ -82,11 +82,9 @@ def preferences(exporter: Any) -> tuple[Any, Any]:
     return None, None
 
 
-def prometheus_reader(merge: Any) -> Any:
+def prometheus_reader(PrometheusMetricReader: type, merge: Any) -> Any:  # noqa: N803 (a class)
     """A Prometheus reader that passes what it collects through ``merge`` first (adds the
     pre-aggregated histograms); the plain one where that cannot be done."""
-    from opentelemetry.exporter.prometheus import PrometheusMetricReader
-
     receive = getattr(PrometheusMetricReader, "_receive_metrics", None)
     if receive is None or not _takes(receive, None, None, 10_000):
         _changed("PrometheusMetricReader._receive_metrics",

@@ -33,7 +33,7 @@ from __future__ import annotations
 import random
 from functools import lru_cache
 from itertools import islice
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dask._task_spec import NestedContainer, Task, _execute_subgraph, _identity_cast
@@ -242,7 +242,7 @@ class DirectEmitter:
         self._parent_context: Any = None
         #: The span limits the provider applies to spans it starts (OTEL_*_LIMIT), applied
         #: here too; None when nothing otel_graph makes can reach them (the defaults).
-        self._limits = _biting_limits(provider)
+        self._limits = _biting_limits()
 
     def emit(self, *, parent: trace.Span, name: str, start_ns: int, end_ns: int,
              attributes: dict[str, Any], error: ErrorInfo | None = None, span_id: int = 0) -> Any:
@@ -270,7 +270,7 @@ class DirectEmitter:
 _MOST_ATTRIBUTES = 128
 
 
-def _biting_limits(provider: Any) -> Any:
+def _biting_limits() -> Any:
     """The span limits of a provider otel_graph built (the SDK's ``SpanLimits()``, read from
     the ``OTEL_*_LIMIT`` variables, as that provider's were), or None where they cannot
     touch a span of ours."""
@@ -288,7 +288,8 @@ def _biting_limits(provider: Any) -> Any:
     return limits
 
 
-def _limited(limits: Any, attributes: dict[str, Any], events: tuple, make_event: Any) -> tuple[Any, tuple]:
+def _limited(limits: Any, attributes: dict[str, Any], events: Sequence[Any], make_event: Any
+             ) -> tuple[Any, Sequence[Any]]:
     """``attributes`` and ``events`` cut to ``limits`` as the SDK cuts a span it started
     (``Span.set_attributes``, ``Span.add_event``), with what was dropped counted."""
     from opentelemetry.attributes import BoundedAttributes

@@ -204,17 +204,15 @@ class Routes:
 
     def _wait(self, address: str, key: Any) -> None:
         now = time.monotonic()
-        since, keys = self._waiting.get(address) or (now, set())
+        since, keys = self._waiting.setdefault(address, (now, set()))
         if now - since > _WAIT_S:  # it never said so: its tasks run without their context
             if keys:
                 logger.warning("otel_graph: worker %s never said it reads task contexts (a worker without "
                                "otel_graph, or of another version): its tasks run without task spans", address)
             self.unready += len(keys) + 1
-            self._waiting[address] = (since, set())
-            return
-        if len(keys) < _MAX_WAITING:
+            keys.clear()
+        elif len(keys) < _MAX_WAITING:
             keys.add(key)
-            self._waiting[address] = (since, keys)
         else:
             self.unready += 1
 

@@ -177,10 +177,7 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
         self._scheduler = scheduler
         adapter.add_stream_handler(scheduler, COMPUTE_OP, on_compute(weakref.ref(scheduler), PLUGIN_NAME))
         adapter.read_worker_says(scheduler, _worker_says(weakref.ref(scheduler)))
-        try:  # a failure here would fail the plugin's registration
-            _hear_again(scheduler, self.routes)
-        except Exception:
-            logger.debug("otel_graph: could not read which workers read task contexts", exc_info=True)
+        _hear_again(scheduler, self.routes)  # never raises: a failure would fail the registration
         try:
             from otel_graph.cluster.process import adopt_client_env
 
