@@ -84,7 +84,7 @@ FLAP_DOWN_S = 1.0
 BARS = {"sync-100k": 1.25, "threads-2k": 1.03}
 EXIT_BAR_S = 2.0
 CHILD_TIMEOUT_S = 180.0
-WARNING = re.compile(r"otel_graph: (\d+) spans and (\d+) metric points were not delivered to the collector"
+WARNING = re.compile(r"otel_graph: (\d+) spans and (\d+) metric points were not delivered by exporter otlp"
                      r"(?: \((\d+) task records were never turned into spans\))?")
 
 

@@ -342,9 +342,11 @@ def _report_undelivered(owned: OwnedSdk, timeout_s: float, unbuilt: int = 0) -> 
     stats = owned.stats()
     spans, points = stats["spans_undelivered"], stats["points_undelivered"]
     if spans or points or unbuilt:
+        names = owned.undelivering()
+        by = f" by {'exporters' if len(names) > 1 else 'exporter'} {', '.join(names)}" if names else ""
         unbuilt_text = f" ({unbuilt} task records were never turned into spans)" if unbuilt else ""
-        logger.warning("otel_graph: %d spans and %d metric points were not delivered to the "
-                       "collector%s", spans, points, unbuilt_text)
+        logger.warning("otel_graph: %d spans and %d metric points were not delivered%s%s",
+                       spans, points, by, unbuilt_text)
 
 
 class _Disabled:

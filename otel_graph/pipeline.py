@@ -58,6 +58,10 @@ from otel_graph.histograms import HistogramSet
 logger = logging.getLogger("otel_graph")
 
 MAX_BACKOFF_S = 5.0
+#: At exit, the wait before the first retry of a failed batch; each next wait is twice
+#: the last (0.1, 0.2, 0.4 s...), so a collector back within exit's window is found soon
+#: after it returns, and one that stays down draws a handful of tries, not one per 0.1 s.
+EXIT_FIRST_RETRY_S = 0.1
 #: An export out this long is held by the collector (hung), not just slow: exports take
 #: milliseconds, and a hung collector holds one to its timeout (10 s by default).
 STUCK_AFTER_S = 1.0
@@ -301,12 +305,18 @@ class ReliableSpanProcessor(SpanProcessor):
 
     def _run(self) -> None:
         backoff = 0.0
+        exit_pace = EXIT_FIRST_RETRY_S
         while True:
             with self._cond:
-                if backoff:
+                if backoff and self._retry_now:
                     # At exit a notify cuts a long backoff short, but retries still pace
-                    # themselves: a collector that refuses at once would make a busy loop.
-                    self._cond.wait(min(backoff, 0.1) if self._retry_now else backoff)
+                    # themselves, their waits doubling: a collector that refuses at once
+                    # would make a busy loop, and each failed try is a few lines of the
+                    # exporter's own log (four tries in exit's default second).
+                    self._cond.wait(min(backoff, exit_pace))
+                    exit_pace *= 2
+                elif backoff:
+                    self._cond.wait(backoff)
                 else:
                     deadline = time.monotonic() + self._delay
                     while not self._stopped and len(self._queue) < self._max_batch and not (
@@ -343,7 +353,7 @@ class ReliableSpanProcessor(SpanProcessor):
                         backoff = min(max(backoff * 2, 0.25), MAX_BACKOFF_S)
                         self._batch_limit = max(1, min(sent, self._max_batch) // 2)  # a catch-up batch too
                     else:
-                        backoff = 0.0
+                        backoff, exit_pace = 0.0, EXIT_FIRST_RETRY_S
                         self._batch_limit = min(self._max_batch, self._batch_limit * 2)
                 retry = []
                 self._cond.notify_all()

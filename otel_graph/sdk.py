@@ -126,16 +126,21 @@ class OwnedSdk:
     histograms: HistogramSet | None = None
     #: (host, port) the OTLP span exporter sends to, if over TCP: asked at exit (endpoint.py).
     collector: tuple[str, int] | None = None
+    #: The exporter names (``OTEL_TRACES_EXPORTER``'s, ``OTEL_METRICS_EXPORTER``'s) of
+    #: span_processors and metric_exporters, in their order: named in the exit warning.
+    span_names: list[str] = field(default_factory=list)
+    metric_names: list[str] = field(default_factory=list)
 
     def adopt(self, other: OwnedSdk) -> None:
         """Take the signal ``other`` was built for, which this one lacks."""
         if self.tracer_provider is None and other.tracer_provider is not None:
             self.tracer_provider, self.span_processor = other.tracer_provider, other.span_processor
-            self.span_processors = other.span_processors
+            self.span_processors, self.span_names = other.span_processors, other.span_names
             self.collector = other.collector
         if self.meter_provider is None and other.meter_provider is not None:
             self.meter_provider, self.metric_exporter = other.meter_provider, other.metric_exporter
             self.metric_exporters, self.push_readers = other.metric_exporters, other.push_readers
+            self.metric_names = other.metric_names
             self.histograms = other.histograms
 
     def stats(self) -> dict[str, int]:
@@ -147,6 +152,11 @@ class OwnedSdk:
             "points_exported": sum(e.exported for e in points),
             "points_undelivered": sum(e.undelivered for e in points),
         }
+
+    def undelivering(self) -> list[str]:
+        """The names of the exporters that did not deliver something, each once, in order."""
+        named = [*zip(self.span_names, self.span_processors), *zip(self.metric_names, self.metric_exporters)]
+        return list(dict.fromkeys(name for name, part in named if part.undelivered))
 
     def flush(self, timeout_s: float) -> bool:
         """Export everything recorded so far, spans and metrics side by side, within ``timeout_s``."""
@@ -297,6 +307,7 @@ def build_sdk(settings: Settings, *, traces: bool, metrics: bool, scope: Instrum
                 continue
             counted.append((name, CountingMetricExporter(made, histograms=owned.histograms)))
         owned.metric_exporters = [counting for _, counting in counted]
+        owned.metric_names = [name for name, _ in counted]
         owned.metric_exporter = _primary(counted)
         interval = settings.metric_export_interval_ms
         owned.push_readers = [PeriodicExportingMetricReader(counting, export_interval_millis=interval)
@@ -309,6 +320,7 @@ def build_sdk(settings: Settings, *, traces: bool, metrics: bool, scope: Instrum
         for _, processor in processed:
             provider.add_span_processor(processor)
         owned.span_processors = [processor for _, processor in processed]
+        owned.span_names = [name for name, _ in processed]
         owned.span_processor = _primary(processed)
         otlp = next((name for name, _ in processed if is_otlp(name)), None)
         if otlp is not None:

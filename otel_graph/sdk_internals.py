@@ -190,8 +190,11 @@ def stop_retry_waits(exporter: Any) -> None:
     until their timeout, and wait on an event that their ``shutdown()`` sets. Setting it
     alone, at exit, cuts short a retry sleeping through a collector that has just come
     back, and leaves retrying to otel_graph's processor, which retries at once then.
+    Each try cut short logs as the exporter always does ("Shutdown in progress, aborting
+    retry.", or "Failed to export ... due to timeout, max retries or shutdown."); those
+    records are the exporter's, left as they are, and exit's paced retries
+    (:data:`otel_graph.pipeline.EXIT_FIRST_RETRY_S`) keep them few.
     """
-    _quiet_exit_retries()
     stock = exporter._stock if isinstance(exporter, _FastHttpSpanExporter) else exporter
     events = [event for event in (getattr(stock, "_shutdown_in_progress", None),  # gRPC
                                   getattr(getattr(stock, "_client", None), "_shutdown_event", None))  # HTTP
@@ -206,42 +209,6 @@ def _is_stock(exporter: Any) -> bool:
     """A stock OTLP exporter, of spans or metrics, over either transport."""
     module = type(exporter).__module__
     return module.startswith("opentelemetry.exporter.otlp.proto.") and type(exporter).__name__.startswith("OTLP")
-
-
-#: Where the stock OTLP exporters log their retries.
-_EXPORTER_LOGGERS = ("opentelemetry.exporter.otlp.proto.grpc.exporter",
-                     "opentelemetry.exporter.otlp.proto.http.trace_exporter",
-                     "opentelemetry.exporter.otlp.proto.http.metric_exporter")
-
-
-class _ExitRetries(logging.Filter):
-    """Demotes to DEBUG the stock exporters' lines about retries that exit cuts short.
-
-    With their waits cut (:func:`stop_retry_waits`), each failed try logs "Transient
-    error ... retrying in N s" and then "Shutdown in progress, aborting retry." (gRPC),
-    or "Failed to export ... due to timeout, max retries or shutdown." (HTTP), and exit
-    tries every 0.1 s for up to a second, in every process of a cluster: 88 lines in
-    one short run with the collector down, none of it news. otel_graph's warning says
-    what was not delivered. Before exit, the exporters log as they always do, and a
-    refusal that is news (an HTTP status, a gRPC error code) is kept at exit too.
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        text = record.msg if isinstance(record.msg, str) else ""
-        if text.startswith(("Transient error", "Shutdown in progress")) or (
-                text.startswith("Failed to export") and text.endswith("due to timeout, max retries or shutdown.")):
-            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
-        return True
-
-
-_EXIT_RETRIES = _ExitRetries()
-
-
-def _quiet_exit_retries() -> None:
-    for name in _EXPORTER_LOGGERS:
-        found = logging.getLogger(name)
-        if _EXIT_RETRIES not in found.filters:
-            found.addFilter(_EXIT_RETRIES)
 
 
 class _FastHttpSpanExporter(SpanExporter):
