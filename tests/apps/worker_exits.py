@@ -257,6 +257,9 @@ def scenario_restart() -> None:
     wait_until(lambda: "held-0" in {k for keys in client.processing().values() for k in keys}, "held-0 to run")
     client.restart()
     print("HELD", held.status, flush=True)
+    # restart() waits for the new workers, but the client may learn of them later
+    # (distributed 2026.8: once, none listed yet).
+    client.wait_for_workers(2, timeout=DEADLINE_S)
     print_workers(client)
     print("RESULT_AFTER", client.get(sum_graph("after"), "total-after"), flush=True)
     print("FLUSHED", handle.flush(timeout_s=30), flush=True)
