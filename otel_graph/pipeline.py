@@ -429,6 +429,8 @@ class CountingMetricExporter(MetricExporter):
 
         temporality, aggregation = preferences(inner)
         super().__init__(preferred_temporality=temporality, preferred_aggregation=aggregation)
+        # None from an exporter that states no preference (the SDK's console one): cumulative.
+        self._histogram_temporality = (temporality or {}).get(HistogramInstrument, AggregationTemporality.CUMULATIVE)
         self._inner = inner
         self._histograms = histograms
         self.exported = 0
@@ -483,10 +485,7 @@ class CountingMetricExporter(MetricExporter):
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
                ) -> MetricExportResult:
         if self._histograms is not None:
-            # None from an exporter that states no preference (the SDK's console one): cumulative.
-            temporality = (self._preferred_temporality or {}).get(HistogramInstrument,
-                                                                   AggregationTemporality.CUMULATIVE)
-            metrics_data = self._histograms.merge_into(metrics_data, temporality, consumer=self)
+            metrics_data = self._histograms.merge_into(metrics_data, self._histogram_temporality, consumer=self)
         points = _count_points(metrics_data)
         with self._lock:
             if self._forked:

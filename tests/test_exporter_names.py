@@ -144,3 +144,23 @@ def test_the_sdks_span_limits_apply_to_task_spans(receiver, limits):
         assert {len(t["attributes"]["dask.task.key"]) for t in tasks} == {length}
     else:  # the last attributes set are kept, as the SDK keeps them
         assert {len(t["attributes"]) for t in tasks} == {count}
+
+
+def test_the_sdks_span_limits_apply_to_aggregate_spans(receiver):
+    """With a span budget of 2, most of the graph's tasks fold into aggregate spans: those
+    are otel_graph's own spans too, and are cut to the same limits."""
+    import subprocess
+    import sys
+
+    env = otlp_env(receiver.grpc_endpoint, "grpc", OTEL_METRICS_EXPORTER="none", OTEL_GRAPH_MAX_TASK_SPANS="2",
+                   OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT="30")
+    proc = subprocess.run([sys.executable, "-c", LONG_KEYS], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "FLUSHED True" in proc.stdout, proc.stderr[-2000:]
+    spans = receiver.spans()
+    folded = [s for s in spans if s["attributes"].get("dask.task.count", 1) > 1]
+    assert folded, [s["attributes"] for s in spans]
+    assert sum(s["attributes"].get("dask.task.count", 1) for s in spans if s["name"] != "dask.compute") == 6
+    for span in spans:  # strings in sequences (dask.task.dependencies) too, as the SDK cuts them
+        texts = [v for value in span["attributes"].values() for v in (value if isinstance(value, list) else [value])
+                 if isinstance(v, str)]
+        assert texts and all(len(v) <= 30 for v in texts), span
