@@ -260,7 +260,8 @@ class LocalCapture:
                 tracker.end(record, exc)
                 if isinstance(exc, Exception):  # not on Ctrl-C: that must stop at once
                     tracker.keep_up()
-                raise
+                _drop_own_frames(exc)
+                raise  # bare: Python 3.11 and later add no frame of ours back
             else:
                 tracker.end(record, None)
                 tracker.keep_up()
@@ -290,6 +291,29 @@ class LocalCapture:
             return future
 
         return traced_submit
+
+
+def _drop_own_frames(exc: BaseException) -> None:
+    """Unlink this module's frames from a failed compute's traceback, wherever they ran.
+
+    The user's traceback must be the one they would see without otel_graph: Dask's
+    ``shorten_traceback`` drops its own scheduler frames (``admin.traceback.shorten``),
+    and ours stand in for some of them (``_execute`` for ``execute_task``). A task's
+    traceback comes back from a pool thread or, through tblib, from another process, so
+    frames are known by their file, not their code object. The last frame is always kept,
+    as Dask keeps it: were the error ours, that is where it was raised.
+    """
+    own = _execute.__code__.co_filename
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename == own:
+        tb = tb.tb_next
+    exc.__traceback__ = tb
+    while tb is not None and tb.tb_next is not None:
+        following = tb.tb_next
+        if following.tb_next is not None and following.tb_frame.f_code.co_filename == own:
+            tb.tb_next = following.tb_next
+        else:
+            tb = following
 
 
 def _deliver_remote(record: ComputeRecord, count: int, future: Future) -> None:

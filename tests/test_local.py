@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import dask
@@ -477,3 +478,33 @@ def test_a_handle_made_while_another_uninstruments_keeps_its_readings(monkeypatc
         assert "process.cpu.utilization" in names, sorted(names)
     finally:
         second.uninstrument()
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="Python 3.10 adds the frame of a bare raise back")
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+@pytest.mark.parametrize("shorten", [True, False])
+def test_a_failed_computes_traceback_shows_no_frame_of_otel_graph(scheduler, shorten):
+    """What the user reads when a task fails: with Dask's traceback shortening (its default),
+    the very frames Dask shows without otel_graph; without it, still none of ours."""
+    import traceback
+    from pathlib import Path
+
+    import otel_graph
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.trace import TracerProvider
+
+    def frames() -> list[tuple[str, str]]:
+        paths = dask.config.get("admin.traceback.shorten") if shorten else []
+        with dask.config.set({"admin.traceback.shorten": paths}), pytest.raises(ValueError) as raised:
+            dask.compute(dask.delayed(boom)(1), scheduler=scheduler)
+        return [(f.filename, f.name) for f in traceback.extract_tb(raised.value.__traceback__)]
+
+    plain = frames()
+    with otel_graph.instrument_scheduler(tracer_provider=TracerProvider(), meter_provider=MeterProvider(),
+                                         resources=False):
+        traced = frames()
+    own = str(Path(otel_graph.__file__).parent)
+    assert not [frame for frame in traced if frame[0].startswith(own)], traced
+    assert traced[-1][1] == "boom"
+    if shorten:
+        assert traced == plain
