@@ -548,7 +548,7 @@ class Tracker:
                 if self._waiters and self._backlog <= MAX_BACKLOG // 2:
                     self._wake.notify_all()
         # Drop references to the user's graph and results as soon as we are done.
-        record.graph = record.state = record.error = None
+        record.graph = record.state = record.error = record.plan = None
 
 
 def _end_outer(record: ComputeRecord, end_ns: int | None) -> None:
