@@ -120,10 +120,17 @@ peer-test: | $(UV)
 lock: | $(UV)
 	$(UV) lock --upgrade --python $(PYTHON)
 
+# Each benchmark prints its own figures; then one table of every ratio with its bar.
+BENCH_ROWS := benchmarks/results/rows
 bench: $(STAMP)
-	$(VENV)/bin/python benchmarks/run.py
-	$(VENV)/bin/python benchmarks/bench_distributed.py
-	$(VENV)/bin/python benchmarks/bench_faults.py
+	mkdir -p $(BENCH_ROWS)
+	$(VENV)/bin/python benchmarks/run.py --json $(BENCH_ROWS)/run.json
+	$(VENV)/bin/python benchmarks/bench_tiny.py --dask-suite --json $(BENCH_ROWS)/tiny.json
+	$(VENV)/bin/python benchmarks/bench_distributed.py --json $(BENCH_ROWS)/distributed.json
+	$(VENV)/bin/python benchmarks/bench_faults.py --json $(BENCH_ROWS)/faults.json
+	@echo
+	@$(VENV)/bin/python benchmarks/table.py $(BENCH_ROWS)/run.json $(BENCH_ROWS)/tiny.json \
+		$(BENCH_ROWS)/distributed.json $(BENCH_ROWS)/faults.json
 
 demo: $(STAMP)
 	$(VENV)/bin/otel-graph demo

@@ -13,6 +13,7 @@ to be exported. Median of ``--repeat`` rounds. Usage::
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -32,6 +33,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tasks", type=int, default=5000)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--json", help="write the row here")
     args = parser.parse_args()
 
     receiver = Receiver()
@@ -72,8 +74,13 @@ def main() -> None:
             totals.append(flushed)
     # The receiver stays up until this process exits: the exit hook still delivers the last metrics.
     base = statistics.median(bases)
-    print(f"distributed-{args.tasks // 1000}k  base {base:.3f}s  with otel_graph {statistics.median(totals):.3f}s  "
+    name = f"distributed-{args.tasks // 1000}k"
+    print(f"{name}  base {base:.3f}s  with otel_graph {statistics.median(totals):.3f}s  "
           f"ratio {statistics.median(totals) / base:.3f}  (compute only {statistics.median(computes) / base:.3f})")
+    if args.json:
+        row = {"workload": name, "bar": 1.10, "ratio": statistics.median(totals) / base,
+               "detail": f"compute alone {statistics.median(computes) / base:.3f}×"}
+        Path(args.json).write_text(json.dumps([row], indent=2))
 
 
 if __name__ == "__main__":

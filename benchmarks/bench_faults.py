@@ -448,6 +448,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one round of 20,000 and 500 tasks: a smoke run")
     parser.add_argument("--only", help="run only the scenarios and workloads whose name contains this "
                                        "(plain always runs: it is the reference)")
+    parser.add_argument("--json", help="also write one row per workload and collector state here (benchmarks/table.py)")
     parser.add_argument("--receiver", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--app", choices=WORKLOADS, help=argparse.SUPPRESS)
     parser.add_argument("--instrumented", action="store_true", help=argparse.SUPPRESS)
@@ -499,6 +500,17 @@ def main() -> None:
     out.write_text(json.dumps({"when": when, "args": vars(args), "sources_edited_during_run": edited,
                                "results": results, "runs": runs}, indent=2))
     print(f"written {out}")
+    if args.json:
+        Path(args.json).write_text(json.dumps([table_row(r) for r in results if r["scenario"] != "plain"], indent=2))
+
+
+def table_row(result: dict[str, Any]) -> dict[str, Any]:
+    """One collector state's figures as a row of the table ``make bench`` prints."""
+    ok = result["compute_ok"] and result["exit_ok"] and result["clean"] and not result["hooks_never_ran"]
+    return {"workload": f"{result['workload']}, collector {result['scenario']}", "bar": BARS[result["workload"]],
+            "ratio": result["compute_ratio"],
+            "detail": (f"exit {result['exit_s_median']:.2f} s (max {result['exit_s_max']:.2f}, bar {EXIT_BAR_S:.0f} s)"
+                       + ("" if ok else "; FAILED a bar or ran unclean: see bench_faults' own table"))}
 
 
 if __name__ == "__main__":

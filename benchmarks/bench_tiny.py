@@ -1,0 +1,153 @@
+"""What otel_graph costs many small computes, against plain Dask and dask.diagnostics.Profiler.
+
+Notebooks, dashboards, services answering requests with Dask and test suites make
+thousands of computes of a few tasks each; there the cost per compute (a root span,
+a trace built and exported) is what users feel, not the cost per task. Workloads,
+each timed plain, with otel_graph (its final ``flush()`` included: every span exported
+to an OTLP/gRPC receiver in another process) and with ``dask.diagnostics.Profiler``
+registered, alternating, in this one process:
+
+* ``tiny-sync-2k``: 2,000 one-task computes, ``delayed(inc)(i).compute(scheduler="sync")``.
+  Bar: <= 1.15x.
+* ``tiny-array-200``: 200 small array computes, ``da.ones(100, chunks=10).sum().compute()``
+  on the threads scheduler (about 25 tasks each). Bar: <= 1.10x.
+* ``dask-suite`` (with ``--dask-suite``): part of the test suite shipped in the dask wheel
+  (local schedulers, delayed, bag, array core), run by pytest plain and with
+  otel_graph instrumenting every test's schedulers (``tests/peer/otel_graph_peer.py``),
+  exporting to OTLP JSON files. Bar: <= 1.10x.
+
+Each figure is the median of ``--repeat`` rounds. Usage::
+
+    python benchmarks/bench_tiny.py [--repeat 3] [--dask-suite] [--json rows.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from run import Receiver  # noqa: E402
+
+#: The dask test modules of ``dask-suite``: the local schedulers, delayed, bag, array core.
+DASK_SUITE = ("dask.tests.test_local", "dask.tests.test_threaded", "dask.tests.test_multiprocessing",
+              "dask.tests.test_delayed", "dask.tests.test_base", "dask.tests.test_order",
+              "dask.bag.tests.test_bag", "dask.array.tests.test_array_core")
+
+
+def inc(x: int) -> int:
+    return x + 1
+
+
+def timed(work: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    work()
+    return time.perf_counter() - start
+
+
+def measure(name: str, work: Callable[[], object], *, computes: int, repeat: int, bar: float) -> dict:
+    from dask.diagnostics import Profiler
+
+    import otel_graph
+
+    plain, traced, profiled = [], [], []
+    for _ in range(repeat):
+        plain.append(timed(work))
+        handle = otel_graph.instrument_scheduler()
+        start = time.perf_counter()
+        work()
+        if not handle.flush(timeout_s=120):
+            raise SystemExit(f"{name}: flush did not complete")
+        traced.append(time.perf_counter() - start)
+        handle.uninstrument()
+        profiler = Profiler()
+        profiler.register()
+        try:
+            profiled.append(timed(work))
+        finally:
+            profiler.unregister()
+    base = statistics.median(plain)
+    each = {"plain": base, "otel_graph": statistics.median(traced), "profiler": statistics.median(profiled)}
+    us = {key: value / computes * 1e6 for key, value in each.items()}
+    return {
+        "workload": name, "bar": bar, "ratio": each["otel_graph"] / base,
+        "detail": (f"{us['plain']:.0f} µs plain, {us['otel_graph']:.0f} µs with otel_graph a compute "
+                   f"(+{us['otel_graph'] - us['plain']:.0f} µs); Profiler {each['profiler'] / base:.3f}×"),
+    }
+
+
+def dask_suite(repeat: int) -> dict:
+    """Dask's own tests, plain and instrumented, alternating; the pytest wall time of each."""
+    files = Path(tempfile.mkdtemp(prefix="otel-graph-bench-suite-"))
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    # test_binary_operator_delegation needs pytest-mock, which otel_graph's test set does not install.
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "not test_binary_operator_delegation",
+               "--pyargs", *DASK_SUITE]
+    traced_env = {**base_env, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "peer"), str(ROOT)]),
+                  "OTEL_TRACES_EXPORTER": "otlp_file", "OTEL_METRICS_EXPORTER": "otlp_file",
+                  "OTEL_GRAPH_FILE_DIR": str(files)}
+    plain, traced = [], []
+    for _ in range(repeat):
+        for env, extra, out in ((base_env, [], plain), (traced_env, ["-p", "otel_graph_peer"], traced)):
+            start = time.perf_counter()
+            run = subprocess.run(command + extra, env=env, capture_output=True, text=True, cwd=tempfile.gettempdir())
+            out.append(time.perf_counter() - start)
+            if run.returncode != 0:
+                raise SystemExit(f"dask-suite failed{' instrumented' if extra else ''}:\n{run.stdout[-3000:]}")
+    summary = run.stdout.strip().splitlines()[-1]
+    base = statistics.median(plain)
+    return {"workload": "dask-suite", "bar": 1.10, "ratio": statistics.median(traced) / base,
+            "detail": f"{base:.0f} s plain, {statistics.median(traced):.0f} s instrumented ({summary})"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--dask-suite", action="store_true", help="also time dask's own tests (a few minutes)")
+    parser.add_argument("--json", help="write the rows here")
+    args = parser.parse_args()
+
+    receiver = Receiver()
+    # Registered before otel_graph's own exit hook, so it runs after it: the receiver
+    # outlives the final export.
+    atexit.register(receiver.close)
+    os.environ.update({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+                       "OTEL_SERVICE_NAME": "otel-graph-bench-tiny"})
+    import dask
+    import dask.array as da
+
+    ones = da.ones(100, chunks=10)
+
+    def one_task_computes() -> None:
+        for i in range(2000):
+            dask.delayed(inc)(i).compute(scheduler="sync")
+
+    def array_computes() -> None:
+        for _ in range(200):
+            ones.sum().compute(scheduler="threads")
+
+    one_task_computes(), array_computes()  # warm up: imports, caches
+    rows = [measure("tiny-sync-2k", one_task_computes, computes=2000, repeat=args.repeat, bar=1.15),
+            measure("tiny-array-200", array_computes, computes=200, repeat=args.repeat, bar=1.10)]
+    if args.dask_suite:
+        rows.append(dask_suite(max(1, args.repeat - 1)))
+    for row in rows:
+        print(f"{row['workload']:<16} ratio {row['ratio']:.3f} (bar {row['bar']:.2f})  {row['detail']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
