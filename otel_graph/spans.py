@@ -224,6 +224,9 @@ class DirectEmitter:
 
     #: emit() takes the span id given out while the task ran (otel_graph.task_context).
     sets_span_ids = True
+    #: Its spans go to otel_graph's own processors, which queue them and return: emit()
+    #: may run in the user's thread (otel_graph.tracker.INLINE_MAX_TASKS).
+    never_blocks = True
 
     def __init__(self, provider: Any, scope: Any) -> None:
         from opentelemetry.sdk.trace import Event, ReadableSpan
@@ -238,17 +241,18 @@ class DirectEmitter:
         self._event = Event
         self._span_context = SpanContext
         self._random = random.Random()
-        self._parent: trace.Span | None = None
-        self._parent_context: Any = None
+        #: (the last parent, its context), one attribute: emit() runs in more than one thread.
+        self._parent: tuple[Any, Any] = (None, None)
         #: The span limits the provider applies to spans it starts (OTEL_*_LIMIT), applied
         #: here too; None when nothing otel_graph makes can reach them (the defaults).
         self._limits = _biting_limits()
 
     def emit(self, *, parent: trace.Span, name: str, start_ns: int, end_ns: int,
              attributes: dict[str, Any], error: ErrorInfo | None = None, span_id: int = 0) -> Any:
-        if parent is not self._parent:  # spans come in runs of one compute: read its context once
-            self._parent, self._parent_context = parent, parent.get_span_context()
-        parent_context = self._parent_context
+        last, parent_context = self._parent
+        if parent is not last:  # spans come in runs of one compute: read its context once
+            parent_context = parent.get_span_context()
+            self._parent = (parent, parent_context)
         span_id = span_id or self._random.getrandbits(64) or 1
         context = self._span_context(parent_context.trace_id, span_id, False, parent_context.trace_flags,
                                      parent_context.trace_state)

@@ -59,6 +59,13 @@ HELD_SAMPLE = 1024
 #: thread only gets the GIL in the main thread's switch-interval slices: 8,000 computes
 #: once waited, each holding its graph and Dask state (14 kB), while the loop ran on.
 MAX_BACKLOG = 256
+#: A local compute of at most this many tasks, all accounted for when it returns, is
+#: turned into telemetry by the thread that computed it, before compute() returns
+#: (:meth:`Tracker.end`), where spans go to otel_graph's own processors, which only queue.
+#: Handing it to the tracker's thread cost more than the work: a wake-up, the GIL passed
+#: back and forth, and the compute's objects kept alive until then, long enough for the
+#: garbage collector to promote them (25-task array computes: +751 µs each, +173 inline).
+INLINE_MAX_TASKS = 128
 #: A compute running this long at a drain gets its first progress span: computes shorter
 #: than it, nearly all of them, cost nothing more.
 FIRST_PROGRESS_NS = 10**9
@@ -78,7 +85,7 @@ class ComputeRecord:
     __slots__ = ("scheduler", "span", "context", "start_ns", "end_ns", "error", "sink", "submitted",
                  "lost", "seen", "in_spans", "graph", "state", "plan", "sampled", "graph_tasks", "cluster",
                  "cluster_events", "task_span_ids", "caller", "parents", "assign_ids", "in_backlog",
-                 "progress_ns", "progress_spans", "outer")
+                 "progress_ns", "progress_spans", "outer", "claimed")
 
     def __init__(self, scheduler: str, span: trace.Span, start_ns: int, *, assign_ids: bool = False) -> None:
         self.scheduler = scheduler
@@ -116,6 +123,8 @@ class ComputeRecord:
         self.progress_spans = 0
         #: Spans opened around this compute alone, innermost first: they end with it.
         self.outer: tuple[trace.Span, ...] = ()
+        #: Being drained, by the tracker's thread or inline by the thread that computed it.
+        self.claimed = False
 
     def parent_for(self, thread: int) -> TaskParent:
         """The parent of spans started by tasks of this compute on ``thread`` (made once)."""
@@ -155,6 +164,9 @@ class Tracker:
         self._emitter = emitter
         # Only spans we hand to the SDK ourselves can take the ids given out while tasks ran.
         self._assign_ids = bool(getattr(emitter, "sets_span_ids", False))
+        # Small computes are drained inline only where making spans cannot block.
+        self._inline = bool(getattr(emitter, "never_blocks", False))
+        self._inline_active = 0
         self._metrics = metrics
         self._budget = max_task_spans
         self._interval = drain_interval_s
@@ -227,6 +239,9 @@ class Tracker:
     def end(self, record: ComputeRecord, error: BaseException | None) -> None:
         record.error = error  # before end_ns: a drain in between must not see a failure as success
         record.end_ns = time.time_ns()
+        if self._inline and record.scheduler != "distributed" and record.submitted <= INLINE_MAX_TASKS \
+                and record.seen + len(record.sink) + record.lost >= record.submitted and self._drain_here(record):
+            return
         with self._wake:
             self._requested += 1
             # An abandoned record is forgotten already: counted, it would never leave the backlog.
@@ -234,6 +249,30 @@ class Tracker:
                 record.in_backlog = True
                 self._backlog += 1
             self._wake.notify()
+
+    def _drain_here(self, record: ComputeRecord) -> bool:
+        """Drain an ended compute in this thread (see :data:`INLINE_MAX_TASKS`); False if
+        it is left to the tracker's thread: being drained there, or not finished here."""
+        with self._lock:
+            if record.claimed or self._stopping or record not in self._records:
+                return False
+            record.claimed = True
+            self._inline_active += 1
+        try:
+            self._drain(record)
+        except Exception:  # never into the user's compute: counted, and its root span closed
+            self.processing_errors += 1
+            logger.debug("otel_graph: failed to process a compute", exc_info=True)
+            try:
+                self._abandon(record)
+            except Exception:
+                logger.debug("otel_graph: failed to close a compute's span", exc_info=True)
+        finally:
+            with self._wake:
+                record.claimed = False
+                self._inline_active -= 1
+                self._wake.notify_all()  # a flush may wait for it
+        return record not in self._records
 
     def keep_up(self, *, timeout_s: float = 1.0) -> None:
         """Wait, at most ``timeout_s``, while too many ended computes await processing.
@@ -284,7 +323,7 @@ class Tracker:
             self._requested += 1
             target = self._requested
             self._wake.notify_all()
-            while self._completed < target:
+            while self._completed < target or self._inline_active:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return False
@@ -373,6 +412,10 @@ class Tracker:
                 target = self._requested
                 records = list(self._records)
             for record in records:
+                with self._lock:
+                    if record.claimed:  # drained inline by the thread that computed it
+                        continue
+                    record.claimed = True
                 try:
                     self._drain(record)
                 except Exception:  # never let one bad compute stop telemetry for the rest
@@ -382,6 +425,8 @@ class Tracker:
                         self._abandon(record)
                     except Exception:
                         logger.debug("otel_graph: failed to close a compute's span", exc_info=True)
+                finally:
+                    record.claimed = False
             # Not held while waiting for more work: a drain can cover hundreds of finished
             # computes, their root spans and plans (found by tests/test_scale.py's object count).
             records.clear()

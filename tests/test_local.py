@@ -508,3 +508,38 @@ def test_a_failed_computes_traceback_shows_no_frame_of_otel_graph(scheduler, sho
     assert traced[-1][1] == "boom"
     if shorten:
         assert traced == plain
+
+
+SMALL_COMPUTES = r"""
+import dask, otel_graph
+handle = otel_graph.instrument_scheduler(resources=False)
+def inc(x): return x + 1
+for scheduler in ("sync", "threads", "processes"):
+    before = handle.stats()
+    dask.compute(*[dask.delayed(inc)(i) for i in range(3)], scheduler=scheduler)
+    after = handle.stats()  # at once: no time for another thread to have built anything
+    print("BUILT", scheduler, after["spans_queued"] + after["spans_exported"]
+          - before["spans_queued"] - before["spans_exported"], flush=True)
+big = {("inc", i): (inc, i) for i in range(1000)}
+dask.get(big, list(big), scheduler="sync")
+print("FLUSHED", handle.flush(timeout_s=30), handle.stats()["spans_exported"], flush=True)
+"""
+
+
+def test_a_small_computes_spans_are_made_before_it_returns(tmp_path):
+    """Where otel_graph built the SDK (its processors only queue), a compute of a few tasks
+    is turned into spans by the thread that computed it, before compute() returns: no hand
+    over to the tracker's thread, whose wake-up and GIL hand-offs cost more than the work.
+    A large compute is still the tracker thread's (and flush() still waits for it)."""
+    import subprocess
+
+    from conftest import subprocess_env
+
+    env = subprocess_env(OTEL_TRACES_EXPORTER="otlp_file", OTEL_METRICS_EXPORTER="none",
+                         OTEL_GRAPH_FILE_DIR=str(tmp_path))
+    run = subprocess.run([sys.executable, "-c", SMALL_COMPUTES], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    built = {line.split()[1]: int(line.split()[2]) for line in run.stdout.splitlines() if line.startswith("BUILT")}
+    assert built == {"sync": 4, "threads": 4, "processes": 4}, run.stdout  # three task spans and the root
+    (flushed,) = [line.split()[1:] for line in run.stdout.splitlines() if line.startswith("FLUSHED")]
+    assert flushed[0] == "True" and int(flushed[1]) > 12 + 1, flushed  # and the big one's, by the tracker
