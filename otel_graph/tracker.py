@@ -259,14 +259,7 @@ class Tracker:
             record.claimed = True
             self._inline_active += 1
         try:
-            self._drain(record)
-        except Exception:  # never into the user's compute: counted, and its root span closed
-            self.processing_errors += 1
-            logger.debug("otel_graph: failed to process a compute", exc_info=True)
-            try:
-                self._abandon(record)
-            except Exception:
-                logger.debug("otel_graph: failed to close a compute's span", exc_info=True)
+            self._drain_guarded(record)  # never raises into the user's compute
         finally:
             with self._wake:
                 record.claimed = False
@@ -417,14 +410,7 @@ class Tracker:
                         continue
                     record.claimed = True
                 try:
-                    self._drain(record)
-                except Exception:  # never let one bad compute stop telemetry for the rest
-                    self.processing_errors += 1
-                    logger.debug("otel_graph: failed to process a compute", exc_info=True)
-                    try:
-                        self._abandon(record)
-                    except Exception:
-                        logger.debug("otel_graph: failed to close a compute's span", exc_info=True)
+                    self._drain_guarded(record)
                 finally:
                     record.claimed = False
             # Not held while waiting for more work: a drain can cover hundreds of finished
@@ -433,6 +419,19 @@ class Tracker:
             with self._wake:
                 self._completed = target
                 self._wake.notify_all()
+
+    def _drain_guarded(self, record: ComputeRecord) -> None:
+        """:meth:`_drain`; a compute that fails it is counted and its root span closed, and
+        one bad compute never stops telemetry for the rest."""
+        try:
+            self._drain(record)
+        except Exception:
+            self.processing_errors += 1
+            logger.debug("otel_graph: failed to process a compute", exc_info=True)
+            try:
+                self._abandon(record)
+            except Exception:
+                logger.debug("otel_graph: failed to close a compute's span", exc_info=True)
 
     def _drain(self, record: ComputeRecord) -> None:
         plan = record.plan
