@@ -238,7 +238,9 @@ class DirectEmitter:
         self._resource = provider.resource
         self._scope = scope
         self._readable = ReadableSpan
-        self._event = Event
+        self._event = self.event = Event
+        #: What a root span is made with (otel_graph.compute_span), as the provider's tracer would.
+        self.sampler, self.id_generator = provider.sampler, provider.id_generator
         self._span_context = SpanContext
         self._random = random.Random()
         #: (the last parent, its context), one attribute: emit() runs in more than one thread.
@@ -259,15 +261,20 @@ class DirectEmitter:
         events = ()
         if error is not None:
             events = (self._event("exception", exception_event_attributes(error), end_ns),)
+        self.hand_over(name=name, context=context, parent=parent_context, start_ns=start_ns, end_ns=end_ns,
+                       attributes=attributes, events=events, status=_status(error))
+        return context
+
+    def hand_over(self, *, name: str, context: Any, parent: Any, start_ns: int, end_ns: int,
+                  attributes: dict[str, Any], events: tuple[Any, ...], status: Status) -> None:
+        """One finished span, cut to the span limits, to the provider's processors."""
         if self._limits is not None:
             attributes, events = _limited(self._limits, attributes, events, self._event)
-        span = self._readable(
-            name=name, context=context, parent=parent_context, resource=self._resource,
-            attributes=attributes, events=events, kind=SpanKind.INTERNAL, status=_status(error),
+        self._processor.on_end(self._readable(
+            name=name, context=context, parent=parent, resource=self._resource,
+            attributes=attributes, events=events, kind=SpanKind.INTERNAL, status=status,
             start_time=start_ns, end_time=end_ns, instrumentation_scope=self._scope,
-        )
-        self._processor.on_end(span)
-        return context
+        ))
 
 
 #: More than any span otel_graph makes carries: limits at or above it change nothing.

@@ -34,6 +34,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
+from otel_graph.compute_span import start_compute_span
 from otel_graph.events import TaskEvent, describe_exception, task_prefix
 from otel_graph.forks import forked_child_drops, stands_down
 from otel_graph.metrics import TaskMetrics
@@ -225,8 +226,12 @@ class Tracker:
             forked_child_drops("computes")
             return None
         start = time.time_ns()
-        span = self._tracer.start_span("dask.compute", start_time=start,
-                                       attributes={"dask.scheduler": scheduler})
+        if self._inline and scheduler != "distributed":
+            span = start_compute_span(self._emitter, "dask.compute", start_ns=start,
+                                      attributes={"dask.scheduler": scheduler})
+        else:
+            span = self._tracer.start_span("dask.compute", start_time=start,
+                                           attributes={"dask.scheduler": scheduler})
         record = ComputeRecord(scheduler, span, start, assign_ids=self._assign_ids)
         with self._lock:
             self._records[record] = None

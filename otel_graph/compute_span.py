@@ -1,0 +1,133 @@
+"""A local compute's ``dask.compute`` span, made without the SDK's span machinery.
+
+Every local compute opens one root span, and a loop of tiny computes pays for it each
+time: the SDK's ``Tracer.start_span`` and ``Span.end`` cost about 11 µs, and the span
+they leave in the export queue is a dozen objects (bounded attribute and event lists,
+each with its lock and deque) that live until the next batch is exported, long enough
+for the garbage collector to promote them and run full collections for them.
+
+Where otel_graph built the SDK itself (its :class:`otel_graph.spans.DirectEmitter` hands
+spans straight to its own processors), the root is a :class:`ComputeSpan` instead: the
+same decisions as ``start_span`` (the provider's sampler, asked with the caller's
+context; its id generator; the sampler's attributes and trace state; a span the sampler
+drops is a ``NonRecordingSpan`` with the same context), and at ``end()`` one
+``ReadableSpan``, cut to the SDK's span limits, handed to the processors. It implements
+the ``Span`` API the tracker uses and an application could reach through it; what it
+does not do is call the processors' ``on_start`` (otel_graph's own processors have
+nothing to do there). Computes on dask.distributed keep SDK spans: events reach them
+from other threads, and they live as long as the compute.
+
+>>> from opentelemetry.sdk.trace import TracerProvider
+>>> from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+>>> from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+>>> from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+>>> from otel_graph.spans import DirectEmitter
+>>> exported = InMemorySpanExporter()
+>>> provider = TracerProvider()
+>>> provider.add_span_processor(SimpleSpanProcessor(exported))
+>>> span = start_compute_span(DirectEmitter(provider, InstrumentationScope("demo")), "dask.compute",
+...                           start_ns=1, attributes={"dask.scheduler": "sync"})
+>>> span.set_attribute("dask.graph.tasks", 3)
+>>> span.end(end_time=5)
+>>> (done,) = exported.get_finished_spans()
+>>> done.name, dict(done.attributes), done.end_time
+('dask.compute', {'dask.scheduler': 'sync', 'dask.graph.tasks': 3}, 5)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+_UNSET = Status(StatusCode.UNSET)
+_FLAGS = (TraceFlags(TraceFlags.DEFAULT), TraceFlags(TraceFlags.SAMPLED))  # one of each, not one a compute
+
+
+def start_compute_span(emitter: Any, name: str, *, start_ns: int, attributes: dict[str, Any]) -> trace.Span:
+    """A root span under the current context's span, as ``tracer.start_span`` would make it."""
+    context = otel_context.get_current()
+    parent = trace.get_current_span(context).get_span_context()
+    if not parent.is_valid:
+        parent = None
+    ids = emitter.id_generator
+    trace_id = parent.trace_id if parent is not None else ids.generate_trace_id()
+    sampled = emitter.sampler.should_sample(context, trace_id, name, SpanKind.INTERNAL, attributes, None)
+    decision = sampled.decision
+    span_context = SpanContext(trace_id, ids.generate_span_id(), is_remote=False,
+                               trace_flags=_FLAGS[decision.is_sampled()],
+                               trace_state=sampled.trace_state)
+    if not decision.is_recording():
+        return NonRecordingSpan(span_context)
+    return ComputeSpan(emitter, name, span_context, parent, start_ns, dict(sampled.attributes or {}))
+
+
+class ComputeSpan(trace.Span):
+    """A recording root span whose ``end()`` hands one ``ReadableSpan`` to the processors."""
+
+    __slots__ = ("_emitter", "_name", "_context", "_parent", "_start", "_end", "_attributes", "_events",
+                 "_status")
+
+    def __init__(self, emitter: Any, name: str, context: SpanContext, parent: SpanContext | None,
+                 start_ns: int, attributes: dict[str, Any]) -> None:
+        self._emitter = emitter
+        self._name = name
+        self._context = context
+        self._parent = parent
+        self._start = start_ns
+        self._end: int | None = None
+        self._attributes = attributes
+        self._events: list[tuple[str, Mapping[str, Any], int]] = []
+        self._status = _UNSET
+
+    def get_span_context(self) -> SpanContext:
+        return self._context
+
+    def is_recording(self) -> bool:
+        return self._end is None
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        if self._end is None:
+            self._attributes[key] = value
+
+    def set_attributes(self, attributes: Mapping[str, Any]) -> None:
+        if self._end is None:
+            self._attributes.update(attributes)
+
+    def add_event(self, name: str, attributes: Mapping[str, Any] | None = None,
+                  timestamp: int | None = None) -> None:
+        if self._end is None:
+            self._events.append((name, dict(attributes or {}), timestamp or time.time_ns()))
+
+    def add_link(self, context: SpanContext, attributes: Mapping[str, Any] | None = None) -> None:
+        return None  # a compute span links to nothing
+
+    def update_name(self, name: str) -> None:
+        if self._end is None:
+            self._name = name
+
+    def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
+        if self._end is None:
+            self._status = status if isinstance(status, Status) else Status(status, description)
+
+    def record_exception(self, exception: BaseException, attributes: Mapping[str, Any] | None = None,
+                         timestamp: int | None = None, escaped: bool = False) -> None:
+        event = {"exception.type": type(exception).__qualname__, "exception.message": str(exception),
+                 "exception.escaped": str(escaped), **(attributes or {})}
+        self.add_event("exception", event, timestamp)
+
+    def end(self, end_time: int | None = None) -> None:
+        if self._end is not None:
+            return
+        self._end = end_time or time.time_ns()
+        self._emitter.hand_over(name=self._name, context=self._context, parent=self._parent,
+                                start_ns=self._start, end_ns=self._end, attributes=self._attributes,
+                                events=self._event_objects(self._events), status=self._status)
+
+    def _event_objects(self, events: Sequence[tuple[str, Mapping[str, Any], int]]) -> tuple[Any, ...]:
+        make = self._emitter.event
+        return tuple(make(name, attributes, timestamp) for name, attributes, timestamp in events)

@@ -1,0 +1,68 @@
+"""The ``dask.compute`` span where otel_graph built the SDK (``otel_graph.compute_span``):
+made as ``tracer.start_span`` would make it, read back from a real OTLP receiver."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from test_exporters_env import otlp_env, receiver  # noqa: F401
+
+APP = r"""
+import dask, otel_graph
+from opentelemetry import trace
+handle = otel_graph.instrument_scheduler(resources=False)
+tracer = trace.get_tracer("app")
+def inc(x): return x + 1
+def boom(x): raise ValueError("no " + "x" * 500)
+with tracer.start_as_current_span("request") as request:
+    print("RESULT", dask.compute(*[dask.delayed(inc)(i) for i in range(3)], scheduler="sync"))
+    print("REQUEST", format(request.get_span_context().span_id, "016x"), flush=True)
+try:
+    dask.delayed(boom)(1).compute(scheduler="threads")
+except ValueError:
+    print("FAILED", flush=True)
+for i in range(COMPUTES):
+    dask.delayed(inc)(i).compute(scheduler="sync")
+print("FLUSHED", handle.flush(timeout_s=30), flush=True)
+"""
+
+
+def run(receiver, computes: int = 0, **env: str) -> str:  # noqa: F811
+    proc = subprocess.run([sys.executable, "-c", APP.replace("COMPUTES", str(computes))],
+                          env=otlp_env(receiver.grpc_endpoint, "grpc", OTEL_METRICS_EXPORTER="none", **env),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "FLUSHED True" in proc.stdout, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_the_compute_span_nests_under_the_callers_span_and_carries_its_failure(receiver):  # noqa: F811
+    out = run(receiver, OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT="100")
+    (request_id,) = [line.split()[1] for line in out.splitlines() if line.startswith("REQUEST")]
+    spans = receiver.spans()
+    (request,) = [s for s in spans if s["name"] == "request"]
+    ok, failed = sorted((s for s in spans if s["name"] == "dask.compute"), key=lambda s: s["start_ns"])
+    assert request["span_id"] == request_id
+    assert ok["parent_span_id"] == request_id and ok["trace_id"] == request["trace_id"]
+    assert ok["attributes"] == {"dask.scheduler": "sync", "dask.graph.tasks": 3} and ok["status_code"] == 0
+    assert sorted(s["name"] for s in spans if s["parent_span_id"] == ok["span_id"]) == ["inc"] * 3
+    assert not failed["parent_span_id"] and failed["trace_id"] != ok["trace_id"]  # no span around it: a new trace
+    assert failed["status_code"] == 2 and failed["attributes"]["error.type"] == "ValueError"
+    (event,) = failed["events"]
+    assert event["name"] == "exception" and event["attributes"]["exception.type"] == "ValueError"
+    assert len(event["attributes"]["exception.message"]) == 100  # the span limits hold for it too
+    assert failed["end_ns"] > failed["start_ns"]
+
+
+def test_the_provider_sampler_decides_for_each_compute_and_its_tasks_follow(receiver):  # noqa: F811
+    run(receiver, computes=200, OTEL_TRACES_SAMPLER="traceidratio", OTEL_TRACES_SAMPLER_ARG="0.5")
+    spans = receiver.spans()
+    roots = {s["span_id"]: s for s in spans if s["name"] == "dask.compute"}
+    tasks = [s for s in spans if s["name"] == "inc"]
+    assert 40 < len(roots) < 170, len(roots)  # of 202 computes, about half
+    assert all(t["parent_span_id"] in roots for t in tasks)  # no task span without its compute
+    per_root: dict[str, int] = {}
+    for task in tasks:
+        per_root[task["parent_span_id"]] = per_root.get(task["parent_span_id"], 0) + 1
+    assert all(per_root.get(span_id, 0) >= 1 for span_id, root in roots.items()
+               if root["attributes"].get("dask.scheduler") == "sync")
