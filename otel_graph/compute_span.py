@@ -12,10 +12,13 @@ same decisions as ``start_span`` (the provider's sampler, asked with the caller'
 context; its id generator; the sampler's attributes and trace state; a span the sampler
 drops is a ``NonRecordingSpan`` with the same context), and at ``end()`` one
 ``ReadableSpan``, cut to the SDK's span limits, handed to the processors. It implements
-the ``Span`` API the tracker uses and an application could reach through it; what it
-does not do is call the processors' ``on_start`` (otel_graph's own processors have
-nothing to do there). Computes on dask.distributed keep SDK spans: events reach them
-from other threads, and they live as long as the compute.
+the whole ``Span`` API with the SDK span's rules (a status once OK stays, UNSET is
+ignored, calls after ``end()`` are ignored), though only the tracker holds it: what code
+inside a compute finds as its current span is a ``TaskParent`` (otel_graph.task_context).
+It is used only while every processor on the provider is otel_graph's own (one an
+application adds gets ``on_start`` for it, so its computes then take ``start_span``), and
+it does not count in the SDK's own span metrics. Computes on dask.distributed keep SDK
+spans: events reach them from other threads, and they live as long as the compute.
 
 >>> from opentelemetry.sdk.trace import TracerProvider
 >>> from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -37,6 +40,7 @@ from other threads, and they live as long as the compute.
 from __future__ import annotations
 
 import time
+import traceback
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -45,7 +49,11 @@ from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 _UNSET = Status(StatusCode.UNSET)
-_FLAGS = (TraceFlags(TraceFlags.DEFAULT), TraceFlags(TraceFlags.SAMPLED))  # one of each, not one a compute
+#: W3C's random-trace-id flag (SDK 1.45.2 and later set it, as this does where it exists).
+_RANDOM = getattr(TraceFlags, "RANDOM_TRACE_ID", 0)
+#: One of each, not one a compute: (sampled, random trace id) -> flags.
+_FLAGS = {(sampled, random): TraceFlags((TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT) | (_RANDOM if random else 0))
+          for sampled in (False, True) for random in (False, True)}
 
 
 def start_compute_span(emitter: Any, name: str, *, start_ns: int, attributes: dict[str, Any]) -> trace.Span:
@@ -55,11 +63,15 @@ def start_compute_span(emitter: Any, name: str, *, start_ns: int, attributes: di
     if not parent.is_valid:
         parent = None
     ids = emitter.id_generator
-    trace_id = parent.trace_id if parent is not None else ids.generate_trace_id()
-    sampled = emitter.sampler.should_sample(context, trace_id, name, SpanKind.INTERNAL, attributes, None)
+    if parent is None:
+        trace_id = ids.generate_trace_id()
+        random = bool(getattr(ids, "is_trace_id_random", bool)())
+    else:
+        trace_id, random = parent.trace_id, bool(getattr(parent.trace_flags, "random_trace_id", False))
+    sampled = emitter.sampler.should_sample(context, trace_id, name, SpanKind.INTERNAL, attributes, ())
     decision = sampled.decision
     span_context = SpanContext(trace_id, ids.generate_span_id(), is_remote=False,
-                               trace_flags=_FLAGS[decision.is_sampled()],
+                               trace_flags=_FLAGS[decision.is_sampled(), random and bool(_RANDOM)],
                                trace_state=sampled.trace_state)
     if not decision.is_recording():
         return NonRecordingSpan(span_context)
@@ -101,7 +113,7 @@ class ComputeSpan(trace.Span):
     def add_event(self, name: str, attributes: Mapping[str, Any] | None = None,
                   timestamp: int | None = None) -> None:
         if self._end is None:
-            self._events.append((name, dict(attributes or {}), timestamp or time.time_ns()))
+            self._events.append((name, dict(attributes or {}), time.time_ns() if timestamp is None else timestamp))
 
     def add_link(self, context: SpanContext, attributes: Mapping[str, Any] | None = None) -> None:
         return None  # a compute span links to nothing
@@ -111,12 +123,19 @@ class ComputeSpan(trace.Span):
             self._name = name
 
     def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
-        if self._end is None:
-            self._status = status if isinstance(status, Status) else Status(status, description)
+        code = status.status_code if isinstance(status, Status) else status
+        if self._end is not None or self._status.status_code is StatusCode.OK or code is StatusCode.UNSET:
+            return  # as the SDK's span: OK is final, UNSET is no change
+        self._status = status if isinstance(status, Status) else Status(status, description)
 
     def record_exception(self, exception: BaseException, attributes: Mapping[str, Any] | None = None,
                          timestamp: int | None = None, escaped: bool = False) -> None:
-        event = {"exception.type": type(exception).__qualname__, "exception.message": str(exception),
+        kind = type(exception)
+        module = kind.__module__
+        event = {"exception.type": f"{module}.{kind.__qualname__}" if module and module != "builtins"
+                 else kind.__qualname__,
+                 "exception.message": str(exception),
+                 "exception.stacktrace": "".join(traceback.format_exception(kind, exception, exception.__traceback__)),
                  "exception.escaped": str(escaped), **(attributes or {})}
         self.add_event("exception", event, timestamp)
 

@@ -257,11 +257,11 @@ class LocalCapture:
                 value = original(wrap_submit(submit, record, in_process), num_workers, dsk, result,
                                  *args, **kwargs)
             except BaseException as exc:
+                _drop_own_frames(exc)  # first: the compute span's stack trace is the user's too
                 tracker.end(record, exc)
                 if isinstance(exc, Exception):  # not on Ctrl-C: that must stop at once
                     tracker.keep_up()
-                _drop_own_frames(exc)
-                raise  # bare: Python 3.11 and later add no frame of ours back
+                raise  # bare: Python 3.11 and later add no frame of ours back (3.10: this one stays)
             else:
                 tracker.end(record, None)
                 tracker.keep_up()
@@ -301,7 +301,9 @@ def _drop_own_frames(exc: BaseException) -> None:
     and ours stand in for some of them (``_execute`` for ``execute_task``). A task's
     traceback comes back from a pool thread or, through tblib, from another process, so
     frames are known by their file, not their code object. The last frame is always kept,
-    as Dask keeps it: were the error ours, that is where it was raised.
+    as Dask keeps it: were the error ours, that is where it was raised. On Python 3.10 a
+    bare ``raise`` restores the frame of the wrapper re-raising, so one frame of ours
+    (``get_async``) stays there.
     """
     own = _execute.__code__.co_filename
     tb = exc.__traceback__

@@ -100,6 +100,10 @@ def _takes_encoded_chunks(exporter: SpanExporter) -> bool:
 
 
 class ReliableSpanProcessor(SpanProcessor):
+    #: on_end only queues (a hung collector grows the queue): spans may be ended in the
+    #: user's thread (otel_graph.spans.DirectEmitter.queues_only).
+    never_blocks = True
+
     def __init__(self, exporter: SpanExporter, *, max_queued: int, max_batch: int = 512,
                  schedule_delay_s: float = 0.5) -> None:
         self._exporter = exporter

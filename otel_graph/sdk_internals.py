@@ -11,6 +11,10 @@ private part                                 what otel_graph does with it       
 ===========================================  ===========================================  ==========================
 ``TracerProvider._active_span_processor``    hands finished task spans to the processors  spans through
                                              (:class:`otel_graph.spans.DirectEmitter`)     ``Tracer.start_span``
+its ``_span_processors``                     tells otel_graph's processors from others    the tracker's thread
+                                             (small computes drained inline)              drains every compute
+``Tracer._is_enabled``                       a disabled tracer's computes take            (none: no configurator,
+                                             ``start_span`` (otel_graph.compute_span)     every tracer enabled)
 gRPC ``OTLPSpanExporter._translate_data``    encodes with :mod:`otel_graph.otlp_fast`     the stock encoder
 HTTP ``OTLPSpanExporter._shutdown``,         sends the fast encoding's bytes              the stock exporter
 ``_metrics``, ``_max_request_size``,         (:class:`_FastHttpSpanExporter`)
@@ -71,6 +75,23 @@ def span_processor(provider: Any) -> Any:
         return processor
     _changed("TracerProvider._active_span_processor", "task spans go through Tracer.start_span (slower)")
     return None
+
+
+def processors_behind(processor: Any) -> tuple[Any, ...] | None:
+    """The span processors the provider's processor (:func:`span_processor`'s) hands spans to;
+    None (said once) where a release changed how it keeps them."""
+    found = getattr(processor, "_span_processors", None)
+    if isinstance(found, tuple):
+        return found
+    _changed("the provider's list of span processors", "small computes are drained by the tracker's thread")
+    return None
+
+
+def tracer_enabled(tracer: Any) -> bool:
+    """Whether the SDK's tracer configurator leaves ``tracer`` enabled (``start_span`` makes
+    recording spans); True where the SDK has no configurator."""
+    enabled = getattr(tracer, "_is_enabled", None)
+    return True if enabled is None else bool(enabled())
 
 
 # -- metric exporters -----------------------------------------------------------------------

@@ -224,9 +224,6 @@ class DirectEmitter:
 
     #: emit() takes the span id given out while the task ran (otel_graph.task_context).
     sets_span_ids = True
-    #: Its spans go to otel_graph's own processors, which queue them and return: emit()
-    #: may run in the user's thread (otel_graph.tracker.INLINE_MAX_TASKS).
-    never_blocks = True
 
     def __init__(self, provider: Any, scope: Any) -> None:
         from opentelemetry.sdk.trace import Event, ReadableSpan
@@ -241,6 +238,7 @@ class DirectEmitter:
         self._event = self.event = Event
         #: What a root span is made with (otel_graph.compute_span), as the provider's tracer would.
         self.sampler, self.id_generator = provider.sampler, provider.id_generator
+        self._checked: tuple[Any, bool] = (None, False)
         self._span_context = SpanContext
         self._random = random.Random()
         #: (the last parent, its context), one attribute: emit() runs in more than one thread.
@@ -264,6 +262,21 @@ class DirectEmitter:
         self.hand_over(name=name, context=context, parent=parent_context, start_ns=start_ns, end_ns=end_ns,
                        attributes=attributes, events=events, status=_status(error))
         return context
+
+    def queues_only(self) -> bool:
+        """Whether every processor on the provider is one of otel_graph's, which queue a span
+        and return: then spans may be made in the user's thread, and a root span needs no
+        ``on_start``. Asked per compute (an application may add a processor of its own),
+        answered from the last answer while the provider's list is the same object."""
+        if self._processor is None:
+            return False
+        from otel_graph.sdk_internals import processors_behind
+
+        current = processors_behind(self._processor)
+        if current is not self._checked[0]:
+            self._checked = (current, current is not None and bool(current)
+                             and all(getattr(p, "never_blocks", False) for p in current))
+        return self._checked[1]
 
     def hand_over(self, *, name: str, context: Any, parent: Any, start_ns: int, end_ns: int,
                   attributes: dict[str, Any], events: tuple[Any, ...], status: Status) -> None:

@@ -5,7 +5,9 @@ list and nothing more. This module owns everything after that:
 
 * :meth:`Tracker.begin` opens the ``dask.compute`` root span, a child of the caller's
   current span, and returns the :class:`ComputeRecord` capture writes into;
-* :meth:`Tracker.end` stamps the end and wakes the worker thread;
+* :meth:`Tracker.end` stamps the end and wakes the worker thread, or, for a small
+  compute whose every task has reported, makes its telemetry itself, before compute()
+  returns (:data:`INLINE_MAX_TASKS`);
 * the worker thread drains every record's events in bulk, feeds the span budget
   (:mod:`otel_graph.policy`) and the task metrics, and, once every submitted task of an
   ended compute has reported, emits its aggregates and ends its root span with
@@ -19,8 +21,8 @@ list and nothing more. This module owns everything after that:
   by the ``dask.compute.progress`` operation and shows how far it got. (The idea of Logfire's "pending spans".)
 * :meth:`Tracker.flush` asks for a drain now and waits for it.
 
-Building spans and metric points here, in bulk and off the scheduler's thread, is what
-keeps the per-task cost near two clock readings.
+Building spans and metric points here, in bulk and off the scheduler's thread (for a
+large compute), is what keeps the per-task cost near two clock readings.
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ class ComputeRecord:
     __slots__ = ("scheduler", "span", "context", "start_ns", "end_ns", "error", "sink", "submitted",
                  "lost", "seen", "in_spans", "graph", "state", "plan", "sampled", "graph_tasks", "cluster",
                  "cluster_events", "task_span_ids", "caller", "parents", "assign_ids", "in_backlog",
-                 "progress_ns", "progress_spans", "outer", "claimed")
+                 "progress_ns", "progress_spans", "outer", "claimed", "inline")
 
     def __init__(self, scheduler: str, span: trace.Span, start_ns: int, *, assign_ids: bool = False) -> None:
         self.scheduler = scheduler
@@ -126,6 +128,8 @@ class ComputeRecord:
         self.outer: tuple[trace.Span, ...] = ()
         #: Being drained, by the tracker's thread or inline by the thread that computed it.
         self.claimed = False
+        #: Drained inline when it ends, if small (its root is then a light one: compute_span).
+        self.inline = False
 
     def parent_for(self, thread: int) -> TaskParent:
         """The parent of spans started by tasks of this compute on ``thread`` (made once)."""
@@ -165,9 +169,16 @@ class Tracker:
         self._emitter = emitter
         # Only spans we hand to the SDK ourselves can take the ids given out while tasks ran.
         self._assign_ids = bool(getattr(emitter, "sets_span_ids", False))
-        # Small computes are drained inline only where making spans cannot block.
-        self._inline = bool(getattr(emitter, "never_blocks", False))
-        self._inline_active = 0
+        # Small computes are drained inline (and get a light root span) only while making
+        # spans cannot block: every span processor is otel_graph's own.
+        self._queues_only = getattr(emitter, "queues_only", None)
+        if self._queues_only is not None:  # a DirectEmitter, which loaded sdk_internals already
+            from otel_graph.sdk_internals import tracer_enabled
+
+            self._tracer_enabled = tracer_enabled
+        #: The inline drains running, by number: a flush waits for those begun before it.
+        self._inline: set[int] = set()
+        self._inline_count = 0
         self._metrics = metrics
         self._budget = max_task_spans
         self._interval = drain_interval_s
@@ -219,6 +230,7 @@ class Tracker:
         self._wake = threading.Condition(self._lock)
         self._records = {}
         self._backlog = 0
+        self._inline = set()
 
     # -- called from capture, on the user's threads ------------------------------------
     def begin(self, scheduler: str) -> ComputeRecord | None:
@@ -226,13 +238,16 @@ class Tracker:
             forked_child_drops("computes")
             return None
         start = time.time_ns()
-        if self._inline and scheduler != "distributed":
+        light = scheduler != "distributed" and self._queues_only is not None and self._queues_only() \
+            and self._tracer_enabled(self._tracer)
+        if light:
             span = start_compute_span(self._emitter, "dask.compute", start_ns=start,
                                       attributes={"dask.scheduler": scheduler})
         else:
             span = self._tracer.start_span("dask.compute", start_time=start,
                                            attributes={"dask.scheduler": scheduler})
         record = ComputeRecord(scheduler, span, start, assign_ids=self._assign_ids)
+        record.inline = light
         with self._lock:
             self._records[record] = None
         return record
@@ -244,7 +259,7 @@ class Tracker:
     def end(self, record: ComputeRecord, error: BaseException | None) -> None:
         record.error = error  # before end_ns: a drain in between must not see a failure as success
         record.end_ns = time.time_ns()
-        if self._inline and record.scheduler != "distributed" and record.submitted <= INLINE_MAX_TASKS \
+        if record.inline and record.submitted <= INLINE_MAX_TASKS \
                 and record.seen + len(record.sink) + record.lost >= record.submitted and self._drain_here(record):
             return
         with self._wake:
@@ -262,14 +277,16 @@ class Tracker:
             if record.claimed or self._stopping or record not in self._records:
                 return False
             record.claimed = True
-            self._inline_active += 1
+            self._inline_count += 1
+            number = self._inline_count
+            self._inline.add(number)
         try:
             self._drain_guarded(record)  # never raises into the user's compute
         finally:
             with self._wake:
                 record.claimed = False
-                self._inline_active -= 1
-                self._wake.notify_all()  # a flush may wait for it
+                self._inline.discard(number)
+                self._wake.notify_all()  # a flush or stop may wait for it
         return record not in self._records
 
     def keep_up(self, *, timeout_s: float = 1.0) -> None:
@@ -320,8 +337,9 @@ class Tracker:
         with self._wake:
             self._requested += 1
             target = self._requested
+            inline = set(self._inline)  # not those begun after: a busy loop of computes never ends them all
             self._wake.notify_all()
-            while self._completed < target or self._inline_active:
+            while self._completed < target or inline & self._inline:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return False
@@ -341,9 +359,12 @@ class Tracker:
         if drain:
             self.flush(timeout_s)
         with self._wake:
-            self._stopping = True
+            self._stopping = True  # no inline drain begins after this
             self._halt = self._halt or not drain  # what an earlier stop counted stays unbuilt
             self._wake.notify_all()
+            # Those running end (halted, they build nothing more) before what is left is counted.
+            self._wake.wait_for(lambda: not self._inline, None if deadline is None
+                                else max(0.0, deadline - time.monotonic()))
         self._thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
         if self._thread.is_alive():
             # Out of time mid-drain: the rest is counted, so the thread must not go on building
@@ -366,6 +387,8 @@ class Tracker:
         # A compute still running in another thread (uninstrument mid-compute): close it
         # with what it has, marked incomplete, rather than leave it open and referenced.
         for record in list(self._records):
+            if record.claimed:  # an inline drain that outlived the wait: it finishes its record
+                continue
             try:
                 self._close_incomplete(record)
             except Exception:
@@ -411,7 +434,9 @@ class Tracker:
                 records = list(self._records)
             for record in records:
                 with self._lock:
-                    if record.claimed:  # drained inline by the thread that computed it
+                    # Drained inline by the thread that computed it, now or already (forgotten:
+                    # drained again, it would be counted twice).
+                    if record.claimed or record not in self._records:
                         continue
                     record.claimed = True
                 try:
@@ -542,8 +567,8 @@ class Tracker:
                   start_ns: int, end_ns: int, worker: str) -> None:
         """A span standing for tasks whose telemetry was lost with their worker.
 
-        From any thread (a cluster event's): through the tracer API, not the emitter,
-        whose cached parent belongs to the drain thread.
+        From any thread (a cluster event's), through the tracer API: rare, and its parent
+        is a distributed compute's SDK span.
         """
         self.tasks_recovered += count
         attributes = recovered_attributes(prefix=prefix, count=count, duration_s=duration_s, worker=worker)

@@ -66,3 +66,69 @@ def test_the_provider_sampler_decides_for_each_compute_and_its_tasks_follow(rece
         per_root[task["parent_span_id"]] = per_root.get(task["parent_span_id"], 0) + 1
     assert all(per_root.get(span_id, 0) >= 1 for span_id, root in roots.items()
                if root["attributes"].get("dask.scheduler") == "sync")
+
+
+FLAGS = r"""
+import dask, otel_graph
+from opentelemetry import propagate, trace
+handle = otel_graph.instrument_scheduler(resources=False)
+def carrier(x):
+    headers = {}
+    propagate.inject(headers)  # in the task: its parent, whose flags are the compute's
+    return headers["traceparent"]
+print("TASK", dask.delayed(carrier)(1).compute(scheduler="sync"))
+with trace.get_tracer("app").start_as_current_span("request"):
+    headers = {}
+    propagate.inject(headers)
+    print("SDK", headers["traceparent"])
+    print("NESTED", dask.delayed(carrier)(1).compute(scheduler="sync"))
+"""
+
+
+def file_env(directory) -> dict[str, str]:
+    """otel_graph's own SDK with a span exporter (its light root spans need one)."""
+    from conftest import subprocess_env
+
+    return subprocess_env(OTEL_TRACES_EXPORTER="otlp_file", OTEL_METRICS_EXPORTER="none",
+                          OTEL_GRAPH_FILE_DIR=str(directory))
+
+
+def test_the_compute_span_carries_the_trace_flags_the_sdk_would(tmp_path):
+    proc = subprocess.run([sys.executable, "-c", FLAGS], capture_output=True, text=True, timeout=60,
+                          env=file_env(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = dict(line.split() for line in proc.stdout.splitlines())
+    flags = {name: value.rsplit("-", 1)[1] for name, value in seen.items()}
+    # A compute of its own (a new trace) and one under the SDK's span: flags as the SDK's own
+    # root span has them (sampled, and random trace id where the SDK sets that flag).
+    assert flags["TASK"] == flags["SDK"] == flags["NESTED"], seen
+    assert seen["NESTED"].split("-")[1] == seen["SDK"].split("-")[1]  # the same trace
+
+
+OWN_PROCESSOR = r"""
+import dask, otel_graph
+from opentelemetry import trace
+from opentelemetry.sdk.trace import SpanProcessor
+handle = otel_graph.instrument_scheduler(resources=False)
+class Seen(SpanProcessor):
+    started, ended = [], []
+    def on_start(self, span, parent_context=None): self.started.append(span.name)
+    def on_end(self, span): self.ended.append(span.name)
+print("BEFORE", dask.delayed(sum)([1, 2]).compute(scheduler="sync"))
+trace.get_tracer_provider().add_span_processor(Seen())
+print("AFTER", dask.delayed(sum)([1, 2]).compute(scheduler="sync"))
+print("FLUSHED", handle.flush(timeout_s=30))
+print("STARTED", ",".join(Seen.started))
+print("ENDED", ",".join(sorted(Seen.ended)))
+"""
+
+
+def test_a_processor_the_application_adds_sees_the_compute_span_start_and_end(tmp_path):
+    """otel_graph's light root span skips on_start; once an application adds a processor of
+    its own to the provider otel_graph built, computes take the SDK's start_span again."""
+    proc = subprocess.run([sys.executable, "-c", OWN_PROCESSOR], capture_output=True, text=True, timeout=60,
+                          env=file_env(tmp_path))
+    assert proc.returncode == 0 and "FLUSHED True" in proc.stdout, proc.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines())
+    assert lines["STARTED"] == "dask.compute"
+    assert lines["ENDED"] == "dask.compute,sum"
