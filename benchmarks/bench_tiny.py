@@ -12,7 +12,7 @@ registered, alternating, in this one process:
 * ``tiny-array-200``: 200 small array computes, ``da.ones(100, chunks=10).sum().compute()``
   on the threads scheduler (about 25 tasks each). Bar: <= 1.10x.
 * ``dask-suite`` (with ``--dask-suite``): part of the test suite shipped in the dask wheel
-  (local schedulers, delayed, bag, array core), run by pytest plain and with
+  (local schedulers, delayed, tracebacks, bag, array core), run by pytest plain and with
   otel_graph instrumenting every test's schedulers (``tests/peer/otel_graph_peer.py``),
   exporting to OTLP JSON files. Bar: <= 1.10x.
 
@@ -43,7 +43,7 @@ from run import Receiver  # noqa: E402
 
 #: The dask test modules of ``dask-suite``: the local schedulers, delayed, bag, array core.
 DASK_SUITE = ("dask.tests.test_local", "dask.tests.test_threaded", "dask.tests.test_multiprocessing",
-              "dask.tests.test_delayed", "dask.tests.test_base", "dask.tests.test_order",
+              "dask.tests.test_delayed", "dask.tests.test_base", "dask.tests.test_order", "dask.tests.test_traceback",
               "dask.bag.tests.test_bag", "dask.array.tests.test_array_core")
 
 
