@@ -54,7 +54,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from otel_graph._version import __version__
-from otel_graph.config import ConfigurationError
+from otel_graph.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from otel_graph.instrumentation import Instrumentation

@@ -33,6 +33,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
 
+from otel_graph.errors import ConfigurationError
+
 # --- our own variables -------------------------------------------------------
 OTEL_GRAPH_MAX_TASK_SPANS = "OTEL_GRAPH_MAX_TASK_SPANS"
 OTEL_GRAPH_MAX_QUEUED_SPANS = "OTEL_GRAPH_MAX_QUEUED_SPANS"
@@ -120,10 +122,6 @@ _FALSE = ("false", "0", "no", "off", "")
 
 DEFAULT_MAX_TASK_SPANS = 1000
 DEFAULT_METRIC_EXPORT_INTERVAL_MS = 1000
-
-
-class ConfigurationError(ValueError):
-    """A setting has a value otel_graph cannot use; the message names it and what is accepted."""
 
 
 def _invalid(name: str, value: str, accepted: str) -> ConfigurationError:

@@ -21,7 +21,7 @@ any other                                 what an installed package registers un
 ========================================  ==================================================
 
 :func:`resolve` looks every name up before anything is made, so a name nothing answers
-to fails alone, with a :class:`~otel_graph.config.ConfigurationError` naming the
+to fails alone, with a :class:`~otel_graph.ConfigurationError` naming the
 variable, the name and every name this process accepts.
 """
 

@@ -4,7 +4,7 @@ This module is the only reader of ``dask.local`` internals. Every local schedule
 ends in ``dask.local.get_async``, which hands batches of ready tasks to an executor
 as ``submit(batch_execute_tasks, batch)``. We wrap ``get_async`` in the three modules
 that call it and, per compute, wrap its ``submit`` so that each batch runs through
-:func:`_execute` instead of Dask's ``execute_task``. That gives us, per task and on
+:func:`otel_graph.task_runner.execute` instead of Dask's ``execute_task``. That gives us, per task and on
 the worker itself:
 
 * the real start and end of the task, read with ``time.time_ns()`` in the thread or
@@ -30,7 +30,6 @@ from __future__ import annotations
 import importlib
 import inspect
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from functools import partial, wraps
@@ -39,13 +38,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from opentelemetry import context, trace
 
-from otel_graph.events import describe_exception
-from otel_graph.task_context import NoTask
+from otel_graph.task_runner import execute, run_remote
 
 if TYPE_CHECKING:
     from otel_graph.tracker import ComputeRecord
 
-_time_ns = time.time_ns
 _get_ident = threading.get_ident
 
 #: Modules whose ``get_async`` global we wrap: each scheduler calls the name in its own module.
@@ -61,60 +58,6 @@ class Tracker(Protocol):
     def end(self, record: ComputeRecord, error: BaseException | None) -> None: ...
 
 
-def _sizeof() -> Callable[[Any], int]:
-    from dask.sizeof import sizeof
-
-    # sizeof(x) is sizeof.dispatch(type(x))(x); caching the dispatch per type halves its cost.
-    by_type: dict[type, Callable[[Any], int]] = {}
-
-    def nbytes(value: Any) -> int:
-        try:
-            kind = type(value)
-            measure = by_type.get(kind)
-            if measure is None:
-                measure = by_type[kind] = sizeof.dispatch(kind)
-            return int(measure(value))
-        except Exception:  # a result whose __sizeof__ raises or lies must not fail the task
-            return -1
-
-    return nbytes
-
-
-_nbytes = _sizeof()
-
-
-def _execute(key, task_info, dumps, loads, get_id, pack_exception, emit, parent):  # noqa: ANN001, ANN202
-    """Dask's ``execute_task`` plus one event; hot path, so no allocation beyond the event.
-
-    The event is a plain tuple of :class:`TaskEvent`'s fields, which the tracker makes one
-    of. The garbage collector stops tracking a plain tuple of plain values at its first
-    pass, and a tuple subclass never: 10^5 events awaiting the tracker were traversed by
-    every full collection (measured: sync 10^5 no-op tasks 1.083x -> 1.028x, interleaved).
-    ``parent.key`` names the running task to spans its code starts (otel_graph.task_context).
-    """
-    start = _time_ns()
-    parent.key = key
-    try:
-        task, data = loads(task_info)
-        result = task(data)
-        end = _time_ns()
-        parent.key = None
-        worker = get_id()
-        packed = dumps((result, worker))
-        thread = _get_ident()
-        emit((key, start, end, thread if worker is None else worker, thread,
-              _nbytes(result), type(result).__name__, None))
-        return key, packed, False
-    except BaseException as exc:
-        end = _time_ns()
-        parent.key = None
-        worker = get_id()
-        emit((key, start, end, _get_ident() if worker is None else worker, _get_ident(),
-              -1, "", describe_exception(exc)))
-        # The sync scheduler's pack_exception re-raises: the event is already out.
-        return key, pack_exception(exc, dumps), True
-
-
 def _run_local(record: ComputeRecord, batch: list) -> list:
     emit = record.sink.append
     out = []
@@ -125,7 +68,7 @@ def _run_local(record: ComputeRecord, batch: list) -> list:
         token = context.attach(trace.set_span_in_context(parent, record.context))
     try:
         for args in batch:
-            out.append(_execute(*args, emit, parent))
+            out.append(execute(*args, emit, parent))
     except BaseException:
         # The sync scheduler re-raises a task's exception here: the tasks after it in the
         # batch never run. The one that raised has its event; the rest are accounted lost.
@@ -135,20 +78,6 @@ def _run_local(record: ComputeRecord, batch: list) -> list:
         if token is not None:
             context.detach(token)
     return out
-
-
-def _run_remote(batch: list) -> _Batch:
-    events: list[tuple[Any, ...]] = []  # TaskEvent's fields
-    nobody = NoTask()  # another process: its spans have no parent here to join
-    out = _Batch(_execute(*args, events.append, nobody) for args in batch)
-    out.events = events
-    return out
-
-
-class _Batch(list):
-    """A batch's results as Dask expects them, carrying the batch's events across processes."""
-
-    events: list[tuple[Any, ...]]
 
 
 def _kind_of_executor(submit: Callable) -> tuple[str | None, bool]:
@@ -274,7 +203,7 @@ class LocalCapture:
 
     def _wrap_submit(self, submit: Callable, record: ComputeRecord, in_process: bool) -> Callable:
         batch_execute = self._batch_execute
-        runner = partial(_run_local, record) if in_process else _run_remote
+        runner = partial(_run_local, record) if in_process else run_remote
 
         def traced_submit(fn, *args, **kwargs):  # noqa: ANN001, ANN202
             if fn is not batch_execute or kwargs or len(args) != 1:
@@ -298,24 +227,28 @@ def _drop_own_frames(exc: BaseException) -> None:
 
     The user's traceback must be the one they would see without otel_graph: Dask's
     ``shorten_traceback`` drops its own scheduler frames (``admin.traceback.shorten``),
-    and ours stand in for some of them (``_execute`` for ``execute_task``). A task's
+    and ours stand in for some of them (``execute`` for ``execute_task``). A task's
     traceback comes back from a pool thread or, through tblib, from another process, so
     frames are known by their file, not their code object. The last frame is always kept,
     as Dask keeps it: were the error ours, that is where it was raised. On Python 3.10 a
     bare ``raise`` restores the frame of the wrapper re-raising, so one frame of ours
     (``get_async``) stays there.
     """
-    own = _execute.__code__.co_filename
+    own = _OWN_FILES
     tb = exc.__traceback__
-    while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename == own:
+    while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename in own:
         tb = tb.tb_next
     exc.__traceback__ = tb
     while tb is not None and tb.tb_next is not None:
         following = tb.tb_next
-        if following.tb_next is not None and following.tb_frame.f_code.co_filename == own:
+        if following.tb_next is not None and following.tb_frame.f_code.co_filename in own:
             tb.tb_next = following.tb_next
         else:
             tb = following
+
+
+#: Where capture's frames come from: this module, and the task runner it sends to pools.
+_OWN_FILES = frozenset({_drop_own_frames.__code__.co_filename, execute.__code__.co_filename})
 
 
 def _deliver_remote(record: ComputeRecord, count: int, future: Future) -> None:

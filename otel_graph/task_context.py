@@ -62,12 +62,3 @@ class TaskParent(NonRecordingSpan):
             span_id = self._ids[key] = _random.getrandbits(64) or 1
         compute = self._compute
         return SpanContext(compute.trace_id, span_id, False, compute.trace_flags, compute.trace_state)
-
-
-class NoTask:
-    """What capture sets keys on where no span can be parented (tasks in other processes)."""
-
-    __slots__ = ("key",)
-
-    def __init__(self) -> None:
-        self.key: Any = None

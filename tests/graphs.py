@@ -30,3 +30,10 @@ def noop() -> None:
 
 #: The three-key graph of dask.diagnostics' docstrings.
 DSK = {"x": 1, "y": (inc, "x"), "z": (add, "y", 10)}
+
+
+def loaded_modules(prefix: str) -> list[str]:
+    """The modules under ``prefix`` loaded in the process running this task."""
+    import sys
+
+    return sorted(name for name in sys.modules if name == prefix or name.startswith(prefix + "."))

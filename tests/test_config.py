@@ -80,7 +80,7 @@ def test_bad_environment_fails_at_instrument_scheduler_with_a_clear_message():
                           env=subprocess_env(OTEL_EXPORTER_OTLP_PROTOCOL="carrier-pigeon"))
     assert proc.returncode == 1
     last = proc.stderr.strip().splitlines()[-1]
-    assert last == ("otel_graph.config.ConfigurationError: OTEL_EXPORTER_OTLP_PROTOCOL='carrier-pigeon' "
+    assert last == ("otel_graph.ConfigurationError: OTEL_EXPORTER_OTLP_PROTOCOL='carrier-pigeon' "
                     "is not valid; accepted values: grpc, http/protobuf")
 
 

@@ -74,7 +74,7 @@ def test_a_name_nothing_answers_to_fails_at_instrument_scheduler_naming_it(tmp_p
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("otel_graph.config.ConfigurationError: OTEL_TRACES_EXPORTER"), proc.stderr[-2000:]
+    assert last.startswith("otel_graph.ConfigurationError: OTEL_TRACES_EXPORTER"), proc.stderr[-2000:]
     assert says in last
     if value == "jaeger":  # the installed names are offered, the test distribution's among them
         assert "test_lines" in last and "none" in last

@@ -543,3 +543,14 @@ def test_a_small_computes_spans_are_made_before_it_returns(tmp_path):
     assert built == {"sync": 4, "threads": 4, "processes": 4}, run.stdout  # three task spans and the root
     (flushed,) = [line.split()[1:] for line in run.stdout.splitlines() if line.startswith("FLUSHED")]
     assert flushed[0] == "True" and int(flushed[1]) > 12 + 1, flushed  # and the big one's, by the tracker
+
+
+def test_a_process_pool_worker_imports_no_opentelemetry(telemetry):
+    """Dask's processes scheduler starts a pool per compute; what otel_graph sends its workers
+    (otel_graph.task_runner) must not make each of them import OpenTelemetry (10-25 ms)."""
+    from graphs import loaded_modules
+
+    (loaded,) = dask.compute(dask.delayed(loaded_modules)("opentelemetry"), scheduler="processes")
+    assert loaded == [], loaded
+    (root,) = telemetry.roots()
+    assert [s.name for s in telemetry.children(root)] == ["loaded_modules"]  # traced all the same
