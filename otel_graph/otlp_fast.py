@@ -57,7 +57,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.trace import Link, SpanKind, StatusCode
 
-__all__ = ["EncodedSpans", "encode_chunks", "encode_spans_fast"]
+__all__ = ["EncodedSpans", "encode_chunks", "encode_spans_fast", "group_spans"]
 
 _logger = logging.getLogger(__name__)
 
@@ -344,11 +344,10 @@ def encode_chunks(spans: Sequence[ReadableSpan], *, max_bytes: int) -> list[list
     return chunks
 
 
-def _encode_request(spans: Sequence[ReadableSpan]) -> bytes:
-    """``spans`` as a serialized ``ExportTraceServiceRequest``."""
-    # Group as stock does, by resource then scope, with their == and first-seen order.
-    # Consecutive spans usually share both objects; the identity test skips hashing
-    # a Resource (which dumps its attributes to JSON) for each of them.
+def group_spans(spans: Sequence[ReadableSpan]) -> dict[Any, dict[Any, list[int]]]:
+    """The indexes of ``spans`` by resource, then scope (None for none): stock's grouping,
+    by ``==``, in first-seen order. Consecutive spans usually share both objects; the
+    identity test skips hashing a Resource (which dumps its attributes to JSON) for each."""
     groups: dict[Any, dict[Any, list[int]]] = {}
     last: tuple[Any, Any] = (object(), object())
     bucket: list[int] = []
@@ -358,6 +357,12 @@ def _encode_request(spans: Sequence[ReadableSpan]) -> bytes:
             bucket = groups.setdefault(resource, {}).setdefault(scope, [])
             last = (resource, scope)
         bucket.append(index)
+    return groups
+
+
+def _encode_request(spans: Sequence[ReadableSpan]) -> bytes:
+    """``spans`` as a serialized ``ExportTraceServiceRequest``."""
+    groups = group_spans(spans)
     parts = spans.parts if isinstance(spans, EncodedSpans) else None
     memo = _Memo()
     out = []

@@ -1,0 +1,79 @@
+"""``otel_graph.otlp_json``'s span lines: written straight from the spans, equal, key for key
+and in the same order, to protobuf's JSON mapping of the stock request (the way they
+were written before, and the way any span the direct writer leaves alone still is)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from test_otlp_fast import ALL_TYPES, RESOURCE, SCOPE, _context, _random_value, sdk_spans  # noqa: F401
+
+from otel_graph import otlp_json
+from otel_graph.otlp_fast import encode_spans_fast
+
+
+def mapped(spans: list[ReadableSpan]) -> str:
+    """The line as protobuf's JSON mapping writes it."""
+    return otlp_json.request_json(encode_spans_fast(spans))
+
+
+def assert_written_as_mapped(spans: list[ReadableSpan], *, direct: bool = True) -> None:
+    line = otlp_json.span_request_json(spans)
+    assert line == mapped(spans)
+    try:
+        otlp_json._spans_request(spans)
+        took_direct = True
+    except otlp_json._Unusual:
+        took_direct = False
+    assert took_direct is direct  # so the equality above tested the writer meant
+
+
+def test_sdk_spans_are_written_as_mapped(sdk_spans):  # noqa: F811
+    # The root holds every attribute type (bytes, None, maps among them) and one span has links.
+    assert_written_as_mapped([s for s in sdk_spans if not s.links and s.name != "dask.compute"])
+    assert_written_as_mapped(sdk_spans, direct=False)
+
+
+@pytest.mark.parametrize("name", sorted(ALL_TYPES))
+def test_each_attribute_type_is_written_as_mapped(name):
+    value = ALL_TYPES[name]
+    span = ReadableSpan("inc", context=_context(1, 2), resource=RESOURCE, instrumentation_scope=SCOPE,
+                        attributes={name: value}, start_time=1, end_time=2)
+    line = otlp_json.span_request_json([span])
+    assert line == mapped([span])
+    assert json.loads(line)["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["attributes"][0]["key"] == name
+
+
+def test_task_spans_of_every_status_and_with_events_take_the_direct_writer():
+    spans = [ReadableSpan(name=name, context=_context(0xFEED, i + 1), parent=_context(0xFEED, 0xBEEF, remote=i == 1),
+                          resource=RESOURCE, instrumentation_scope=scope, kind=kind, status=status,
+                          attributes={"dask.task.key": f"inc-{i}", "dask.task.nbytes": 2**40, "dask.task.dependencies":
+                                      ("a", "b"), "empty": (), "ratio": -0.0, "ok": False},
+                          events=[Event("exception", {"exception.message": "boom ✗"}, timestamp=7)] if i % 2 else (),
+                          start_time=100 + i, end_time=0 if i == 3 else 200 + i)
+             for i, (name, scope, kind, status) in enumerate([
+                 ("inc", SCOPE, SpanKind.INTERNAL, Status(StatusCode.UNSET)),
+                 ("", None, SpanKind.SERVER, Status(StatusCode.ERROR, "failed: ✗")),
+                 ("ü", SCOPE, SpanKind.CONSUMER, Status(StatusCode.OK)),
+                 ("inc", None, SpanKind.CLIENT, Status(StatusCode.ERROR))])]
+    spans.append(ReadableSpan("other", context=_context(9, 9), resource=Resource({"service.name": "x"}, "url"),
+                              instrumentation_scope=SCOPE))
+    assert_written_as_mapped(spans)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_random_spans_are_written_as_mapped(seed):
+    rng = random.Random(seed)
+    spans = [ReadableSpan(name=rng.choice(["inc", "add", "ü"]), context=_context(rng.getrandbits(128) or 1, i + 1),
+                          parent=rng.choice([None, _context(1, 2), _context(1, 3, remote=True)]), resource=RESOURCE,
+                          instrumentation_scope=rng.choice([SCOPE, None]), kind=rng.choice(list(SpanKind)),
+                          attributes={f"k{rng.randrange(12)}": _random_value(rng) for _ in range(rng.randrange(6))},
+                          start_time=rng.getrandbits(63), end_time=rng.getrandbits(63))
+             for i in range(100)]
+    line = otlp_json.span_request_json(spans)
+    assert line == mapped(spans)
