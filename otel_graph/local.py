@@ -223,7 +223,8 @@ class LocalCapture:
 
 
 def _drop_own_frames(exc: BaseException) -> None:
-    """Unlink this module's frames from a failed compute's traceback, wherever they ran.
+    """Unlink capture's frames (this module's and the task runner's) from a failed compute's
+    traceback, wherever they ran.
 
     The user's traceback must be the one they would see without otel_graph: Dask's
     ``shorten_traceback`` drops its own scheduler frames (``admin.traceback.shorten``),

@@ -102,7 +102,7 @@ def _spans_request(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
         body: dict[str, Any] = {"resource": {"attributes": attributes} if attributes else {}, "scopeSpans": [
             _scope_spans(scope, [spans[index] for index in members]) for scope, members in scopes.items()]}
         if resource.schema_url:
-            body["schemaUrl"] = resource.schema_url
+            body["schemaUrl"] = _text(resource.schema_url)
         out.append(body)
     return {"resourceSpans": out} if out else {}
 
@@ -119,24 +119,25 @@ def _scope_spans(scope: Any, spans: list[ReadableSpan]) -> dict[str, Any]:
             head["attributes"] = attributes
     body = {"scope": head, "spans": [_span(span) for span in spans]}
     if scope is not None and scope.schema_url:
-        body["schemaUrl"] = scope.schema_url
+        body["schemaUrl"] = _text(scope.schema_url)
     return body
 
 
 def _span(span: ReadableSpan) -> dict[str, Any]:
     context, parent = span.get_span_context(), span.parent
-    out: dict[str, Any] = {"traceId": f"{context.trace_id:032x}", "spanId": f"{context.span_id:016x}"}
+    out: dict[str, Any] = {"traceId": f"{_unsigned(context.trace_id, 128):032x}",
+                           "spanId": f"{_unsigned(context.span_id, 64):016x}"}
     if context.trace_state:
         out["traceState"] = ",".join([f"{k}={v}" for k, v in context.trace_state.items()])
     if parent:
-        out["parentSpanId"] = f"{parent.span_id:016x}"
+        out["parentSpanId"] = f"{_unsigned(parent.span_id, 64):016x}"
     if span.name:
         out["name"] = _text(span.name)
     out["kind"] = span.kind.value + 1  # SpanKind INTERNAL (0) is OTLP's SPAN_KIND_INTERNAL (1), and so on
     if span.start_time:
-        out["startTimeUnixNano"] = str(span.start_time)
+        out["startTimeUnixNano"] = str(_unsigned(span.start_time, 64))
     if span.end_time:
-        out["endTimeUnixNano"] = str(span.end_time)
+        out["endTimeUnixNano"] = str(_unsigned(span.end_time, 64))
     _put_attributes(out, span.attributes, span.dropped_attributes)
     if span.events:
         out["events"] = [_event(event) for event in span.events]
@@ -161,7 +162,7 @@ def _span(span: ReadableSpan) -> dict[str, Any]:
 def _event(event: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if event.timestamp:
-        out["timeUnixNano"] = str(event.timestamp)
+        out["timeUnixNano"] = str(_unsigned(event.timestamp, 64))
     if event.name:
         out["name"] = _text(event.name)
     _put_attributes(out, event.attributes, event.dropped_attributes)
@@ -183,7 +184,7 @@ def _attributes(attributes: Any) -> list[dict[str, Any]] | None:
     for key, value in attributes.items():
         if type(key) is not str or not key:
             raise _Unusual
-        out.append({"key": key, "value": _value(value)})
+        out.append({"key": _text(key), "value": _value(value)})
     return out
 
 
@@ -200,6 +201,13 @@ def _value(value: Any) -> dict[str, Any]:
     if kind is tuple or kind is list:
         return {"arrayValue": {"values": [_value(item) for item in value]} if value else {}}
     raise _Unusual
+
+
+def _unsigned(number: Any, bits: int) -> int:
+    """An id or a time as the encoder takes it: a plain int of ``bits`` bits at most."""
+    if type(number) is not int or not 0 <= number < 1 << bits:
+        raise _Unusual  # the mapping's path fails on it, or writes it its own way (True: 1)
+    return number
 
 
 def _text(text: Any) -> str:

@@ -104,7 +104,7 @@ class ComputeRecord:
         self.start_ns = start_ns
         self.end_ns: int | None = None
         self.error: BaseException | None = None
-        self.sink: list[tuple[Any, ...]] = []  # TaskEvent's fields: see local._execute
+        self.sink: list[tuple[Any, ...]] = []  # TaskEvent's fields: see task_runner.execute
         self.submitted = 0
         self.lost = 0
         self.seen = 0
@@ -478,7 +478,7 @@ class Tracker:
             taken = sink[:count]
             del sink[:count]  # appends may land meanwhile; they stay at the end
             record.seen += count
-        # Plain tuples until now (see local._execute). Made TaskEvents a slice at a time,
+        # Plain tuples until now (see task_runner.execute). Made TaskEvents a slice at a time,
         # so that those not kept die young: 10^5 at once outlived two collections, and
         # their promotion set off a full one (~0.1 s) on the tracker's drain.
         for start in range(0, count, EVENT_SLICE):

@@ -10,7 +10,8 @@ import random
 import pytest
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
 from test_otlp_fast import ALL_TYPES, RESOURCE, SCOPE, _context, _random_value, sdk_spans  # noqa: F401
 
 from otel_graph import otlp_json
@@ -66,14 +67,62 @@ def test_task_spans_of_every_status_and_with_events_take_the_direct_writer():
     assert_written_as_mapped(spans)
 
 
+def _plain_value(rng: random.Random, depth: int = 0):  # noqa: ANN202
+    """A random attribute value of a type the direct writer takes."""
+    pick = rng.randrange(6 if depth < 2 else 5)
+    if pick == 0:
+        return rng.choice(["", "a", "ü ✓", "x" * 200])
+    if pick == 1:
+        return rng.choice([True, False])
+    if pick == 2:
+        return rng.choice([0, 1, -1, 2**63 - 1, -(2**63), rng.randrange(-(2**40), 2**40)])
+    if pick == 3:
+        return rng.choice([0.0, -0.0, 1.0, 1e-7, 1e22, rng.uniform(-1e9, 1e9)])
+    if pick == 4:
+        return rng.choice(["a", "b"])
+    return [_plain_value(rng, depth + 1) for _ in range(rng.randrange(4))]
+
+
 @pytest.mark.parametrize("seed", range(5))
-def test_random_spans_are_written_as_mapped(seed):
+def test_random_spans_take_the_direct_writer_and_write_as_mapped(seed):
     rng = random.Random(seed)
-    spans = [ReadableSpan(name=rng.choice(["inc", "add", "ü"]), context=_context(rng.getrandbits(128) or 1, i + 1),
-                          parent=rng.choice([None, _context(1, 2), _context(1, 3, remote=True)]), resource=RESOURCE,
-                          instrumentation_scope=rng.choice([SCOPE, None]), kind=rng.choice(list(SpanKind)),
-                          attributes={f"k{rng.randrange(12)}": _random_value(rng) for _ in range(rng.randrange(6))},
+    resources = [RESOURCE, Resource({"service.name": "other"}, "https://schema"), Resource({"service.name": "dask"})]
+    spans = [ReadableSpan(name=rng.choice(["inc", "add", "ü", ""]), context=_context(rng.getrandbits(128) or 1, i + 1),
+                          parent=rng.choice([None, _context(1, 2), _context(1, 3, remote=True)]),
+                          resource=rng.choice(resources), instrumentation_scope=rng.choice([SCOPE, None]),
+                          kind=rng.choice(list(SpanKind)),
+                          attributes={f"k{rng.randrange(12)}": _plain_value(rng) for _ in range(rng.randrange(6))},
+                          events=[Event("e", {"k": _plain_value(rng)}, timestamp=i)] if i % 5 == 0 else (),
                           start_time=rng.getrandbits(63), end_time=rng.getrandbits(63))
              for i in range(100)]
-    line = otlp_json.span_request_json(spans)
-    assert line == mapped(spans)
+    assert_written_as_mapped(spans)
+
+
+@pytest.mark.parametrize("where", ["span", "event", "resource", "scope"])
+def test_a_key_that_is_not_utf8_costs_that_key_only(where, caplog):
+    """A lone surrogate in a key: the mapping's path leaves that key out (and logs it),
+    rather than the whole line failing to write."""
+    bad = {"path\udcff": "v", "ok": 1}
+    span = ReadableSpan(
+        "s", context=_context(1, 2), attributes=bad if where == "span" else {"ok": 1},
+        events=[Event("e", bad)] if where == "event" else (),
+        resource=Resource(bad) if where == "resource" else RESOURCE,
+        instrumentation_scope=InstrumentationScope("s", "1", attributes=bad) if where == "scope" else SCOPE)
+    line = otlp_json.span_request_json([span])
+    assert line == mapped([span]) and "\\udcff" not in line and '"key":"ok"' in line
+    line.encode()  # writable
+
+
+@pytest.mark.parametrize("field, value", [("trace_id", 2**128 + 5), ("trace_id", -1), ("span_id", 2**64),
+                                          ("start_time", -5), ("start_time", 2**64), ("start_time", True)])
+def test_ids_and_times_out_of_range_are_left_to_the_mapping(field, value):
+    context = {"trace_id": 7, "span_id": 8}
+    times = {"start_time": 1, "end_time": 2}
+    if field in context:
+        context[field] = value
+    else:
+        times[field] = value
+    span = ReadableSpan("s", context=SpanContext(context["trace_id"], context["span_id"], is_remote=False),
+                        resource=RESOURCE, instrumentation_scope=SCOPE, **times)
+    with pytest.raises(otlp_json._Unusual):
+        otlp_json._spans_request([span])
