@@ -36,9 +36,15 @@ def assert_written_as_mapped(spans: list[ReadableSpan], *, direct: bool = True) 
 
 
 def test_sdk_spans_are_written_as_mapped(sdk_spans):  # noqa: F811
-    # The root holds every attribute type (bytes, None, maps among them) and one span has links.
+    # The root holds every attribute type (bytes, None, maps among them) and one span has links:
+    # those two go through the mapping alone, the rest of the line is the direct writer's.
     assert_written_as_mapped([s for s in sdk_spans if not s.links and s.name != "dask.compute"])
-    assert_written_as_mapped(sdk_spans, direct=False)
+    assert_written_as_mapped(sdk_spans)
+
+
+def test_a_resource_the_direct_writer_leaves_alone_sends_the_line_through_the_mapping():
+    span = ReadableSpan("s", context=_context(1, 2), resource=Resource({"raw": b"\x00"}), instrumentation_scope=SCOPE)
+    assert_written_as_mapped([span], direct=False)
 
 
 @pytest.mark.parametrize("name", sorted(ALL_TYPES))
@@ -119,6 +125,7 @@ def test_a_key_that_is_not_utf8_costs_that_key_only(where, caplog):
 @pytest.mark.parametrize("field, value", [("trace_id", 2**128 + 5), ("trace_id", -1), ("span_id", 2**64),
                                           ("start_time", -5), ("start_time", 2**64), ("start_time", True)])
 def test_ids_and_times_out_of_range_are_left_to_the_mapping(field, value):
+    """What the mapping's path does with them (fail, or write True as 1), the line does."""
     context = {"trace_id": 7, "span_id": 8}
     times = {"start_time": 1, "end_time": 2}
     if field in context:
@@ -128,4 +135,13 @@ def test_ids_and_times_out_of_range_are_left_to_the_mapping(field, value):
     span = ReadableSpan("s", context=SpanContext(context["trace_id"], context["span_id"], is_remote=False),
                         resource=RESOURCE, instrumentation_scope=SCOPE, **times)
     with pytest.raises(otlp_json._Unusual):
-        otlp_json._spans_request([span])
+        otlp_json._span(span)
+    try:
+        expected: object = mapped([span])
+    except Exception as error:  # noqa: BLE001
+        expected = type(error)
+    try:
+        written: object = otlp_json.span_request_json([span])
+    except Exception as error:  # noqa: BLE001
+        written = type(error)
+    assert written == expected
