@@ -40,13 +40,15 @@ spans: events reach them from other threads, and they live as long as the comput
 from __future__ import annotations
 
 import time
-import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+from otel_graph.events import describe_exception
+from otel_graph.spans import exception_event_attributes
 
 _UNSET = Status(StatusCode.UNSET)
 #: W3C's random-trace-id flag (SDK 1.45.2 and later set it, as this does where it exists).
@@ -93,7 +95,7 @@ class ComputeSpan(trace.Span):
         self._start = start_ns
         self._end: int | None = None
         self._attributes = attributes
-        self._events: list[tuple[str, Mapping[str, Any], int]] = []
+        self._events: list[Any] = []  # the SDK's Event, made as the span's own add_event makes them
         self._status = _UNSET
 
     def get_span_context(self) -> SpanContext:
@@ -113,7 +115,8 @@ class ComputeSpan(trace.Span):
     def add_event(self, name: str, attributes: Mapping[str, Any] | None = None,
                   timestamp: int | None = None) -> None:
         if self._end is None:
-            self._events.append((name, dict(attributes or {}), time.time_ns() if timestamp is None else timestamp))
+            self._events.append(self._emitter.event(name, dict(attributes or {}),
+                                                    time.time_ns() if timestamp is None else timestamp))
 
     def add_link(self, context: SpanContext, attributes: Mapping[str, Any] | None = None) -> None:
         return None  # a compute span links to nothing
@@ -130,13 +133,8 @@ class ComputeSpan(trace.Span):
 
     def record_exception(self, exception: BaseException, attributes: Mapping[str, Any] | None = None,
                          timestamp: int | None = None, escaped: bool = False) -> None:
-        kind = type(exception)
-        module = kind.__module__
-        event = {"exception.type": f"{module}.{kind.__qualname__}" if module and module != "builtins"
-                 else kind.__qualname__,
-                 "exception.message": str(exception),
-                 "exception.stacktrace": "".join(traceback.format_exception(kind, exception, exception.__traceback__)),
-                 "exception.escaped": str(escaped), **(attributes or {})}
+        event = {**exception_event_attributes(describe_exception(exception)), "exception.escaped": str(escaped),
+                 **(attributes or {})}
         self.add_event("exception", event, timestamp)
 
     def end(self, end_time: int | None = None) -> None:
@@ -145,8 +143,4 @@ class ComputeSpan(trace.Span):
         self._end = end_time or time.time_ns()
         self._emitter.hand_over(name=self._name, context=self._context, parent=self._parent,
                                 start_ns=self._start, end_ns=self._end, attributes=self._attributes,
-                                events=self._event_objects(self._events), status=self._status)
-
-    def _event_objects(self, events: Sequence[tuple[str, Mapping[str, Any], int]]) -> tuple[Any, ...]:
-        make = self._emitter.event
-        return tuple(make(name, attributes, timestamp) for name, attributes, timestamp in events)
+                                events=tuple(self._events), status=self._status)

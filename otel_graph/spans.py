@@ -229,13 +229,15 @@ class DirectEmitter:
         from opentelemetry.sdk.trace import Event, ReadableSpan
         from opentelemetry.trace import SpanContext
 
-        from otel_graph.sdk_internals import span_processor
+        from otel_graph.sdk_internals import processors_behind, span_processor
 
         self._processor = span_processor(provider)
+        self._processors_behind = processors_behind
         self._resource = provider.resource
         self._scope = scope
         self._readable = ReadableSpan
-        self._event = self.event = Event
+        #: The SDK's span event class (a compute's root span makes its events with it too).
+        self.event = Event
         #: What a root span is made with (otel_graph.compute_span), as the provider's tracer would.
         self.sampler, self.id_generator = provider.sampler, provider.id_generator
         self._checked: tuple[Any, bool] = (None, False)
@@ -258,7 +260,7 @@ class DirectEmitter:
                                      parent_context.trace_state)
         events = ()
         if error is not None:
-            events = (self._event("exception", exception_event_attributes(error), end_ns),)
+            events = (self.event("exception", exception_event_attributes(error), end_ns),)
         self.hand_over(name=name, context=context, parent=parent_context, start_ns=start_ns, end_ns=end_ns,
                        attributes=attributes, events=events, status=_status(error))
         return context
@@ -270,9 +272,7 @@ class DirectEmitter:
         answered from the last answer while the provider's list is the same object."""
         if self._processor is None:
             return False
-        from otel_graph.sdk_internals import processors_behind
-
-        current = processors_behind(self._processor)
+        current = self._processors_behind(self._processor)
         if current is not self._checked[0]:
             self._checked = (current, current is not None and bool(current)
                              and all(getattr(p, "never_blocks", False) for p in current))
@@ -282,7 +282,7 @@ class DirectEmitter:
                   attributes: dict[str, Any], events: tuple[Any, ...], status: Status) -> None:
         """One finished span, cut to the span limits, to the provider's processors."""
         if self._limits is not None:
-            attributes, events = _limited(self._limits, attributes, events, self._event)
+            attributes, events = _limited(self._limits, attributes, events, self.event)
         self._processor.on_end(self._readable(
             name=name, context=context, parent=parent, resource=self._resource,
             attributes=attributes, events=events, kind=SpanKind.INTERNAL, status=status,

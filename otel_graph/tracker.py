@@ -176,9 +176,8 @@ class Tracker:
             from otel_graph.sdk_internals import tracer_enabled
 
             self._tracer_enabled = tracer_enabled
-        #: The inline drains running, by number: a flush waits for those begun before it.
-        self._inline: set[int] = set()
-        self._inline_count = 0
+        #: The computes being drained inline: a flush waits for those begun before it.
+        self._inline: set[ComputeRecord] = set()
         self._metrics = metrics
         self._budget = max_task_spans
         self._interval = drain_interval_s
@@ -274,20 +273,25 @@ class Tracker:
         """Drain an ended compute in this thread (see :data:`INLINE_MAX_TASKS`); False if
         it is left to the tracker's thread: being drained there, or not finished here."""
         with self._lock:
-            if record.claimed or self._stopping or record not in self._records:
+            if self._stopping or not self._claim(record):
                 return False
-            record.claimed = True
-            self._inline_count += 1
-            number = self._inline_count
-            self._inline.add(number)
+            self._inline.add(record)
         try:
             self._drain_guarded(record)  # never raises into the user's compute
         finally:
             with self._wake:
                 record.claimed = False
-                self._inline.discard(number)
+                self._inline.discard(record)
                 self._wake.notify_all()  # a flush or stop may wait for it
         return record not in self._records
+
+    def _claim(self, record: ComputeRecord) -> bool:
+        """Under the lock: take ``record`` to drain, unless another thread is draining it or
+        it is forgotten already (drained again, it would be counted twice)."""
+        if record.claimed or record not in self._records:
+            return False
+        record.claimed = True
+        return True
 
     def keep_up(self, *, timeout_s: float = 1.0) -> None:
         """Wait, at most ``timeout_s``, while too many ended computes await processing.
@@ -434,11 +438,8 @@ class Tracker:
                 records = list(self._records)
             for record in records:
                 with self._lock:
-                    # Drained inline by the thread that computed it, now or already (forgotten:
-                    # drained again, it would be counted twice).
-                    if record.claimed or record not in self._records:
+                    if not self._claim(record):  # drained inline by the thread that computed it
                         continue
-                    record.claimed = True
                 try:
                     self._drain_guarded(record)
                 finally:
