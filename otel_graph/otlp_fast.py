@@ -57,7 +57,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.trace import Link, SpanKind, StatusCode
 
-__all__ = ["EncodedSpans", "encode_chunks", "encode_spans_fast", "group_spans"]
+__all__ = ["EncodedSpans", "encode_chunks", "encode_spans_fast", "group_spans", "new_memo", "origin", "span_entry"]
 
 _logger = logging.getLogger(__name__)
 
@@ -245,9 +245,17 @@ def _link(link: Link, memo: _Memo) -> bytes:
 
 
 def _span(span: ReadableSpan, memo: _Memo) -> bytes:
-    """One ``ScopeSpans.spans`` entry. The hot path: flat, with locals for repeated reads."""
-    context, parent, name, start, end = span.get_span_context(), span.parent, span.name, span.start_time, span.end_time
-    kind = span.kind
+    """One ``ScopeSpans.spans`` entry."""
+    return span_entry(span.get_span_context(), span.parent, span.name, span.kind, span.start_time, span.end_time,
+                      span.attributes, span.events, span.links, span.status, memo, span.dropped_attributes,
+                      span.dropped_events, span.dropped_links)
+
+
+def span_entry(context: Any, parent: Any, name: str, kind: SpanKind, start: int | None, end: int | None,
+               attributes: Mapping[str, Any] | None, events: Sequence[Event], links: Sequence[Link],
+               status: Any, memo: _Memo, dropped_attributes: int = 0, dropped_events: int = 0,
+               dropped_links: int = 0) -> bytes:
+    """A span's ``ScopeSpans.spans`` entry from its parts. The hot path: flat, locals for repeated reads."""
     parts = [_TRACE_ID + b"\x10" + context.trace_id.to_bytes(16, "big"),
              _SPAN_ID + b"\x08" + context.span_id.to_bytes(8, "big"),
              _INTERNAL if kind is SpanKind.INTERNAL else _KINDS[kind]]  # SpanKind's hash is Python code
@@ -265,12 +273,11 @@ def _span(span: ReadableSpan, memo: _Memo) -> bytes:
         parts.append(_START + _U64(start))
     if end:
         parts.append(_END + _U64(end))
-    parts.append(_attributes(_ATTRIBUTES, span.attributes, memo))
-    for event in span.events:
+    parts.append(_attributes(_ATTRIBUTES, attributes, memo))
+    for event in events:
         parts.append(_event(event, memo))
-    for link in span.links:
+    for link in links:
         parts.append(_link(link, memo))
-    status = span.status
     if status is not None:
         code, description = status.status_code, status.description
         if code is StatusCode.UNSET and not description:
@@ -278,16 +285,46 @@ def _span(span: ReadableSpan, memo: _Memo) -> bytes:
         else:
             parts.append(_field(_STATUS, (_field(_STATUS_MESSAGE, _utf8(description)) if description else b"")
                                 + (_STATUS_CODE + _varint(code.value) if code.value else b"")))  # fmt: skip
-    dropped = span.dropped_attributes
-    if dropped:
-        parts.append(_DROPPED_ATTRIBUTES + _varint(dropped))
-    dropped = span.dropped_events
-    if dropped:
-        parts.append(_DROPPED_EVENTS + _varint(dropped))
-    dropped = span.dropped_links
-    if dropped:
-        parts.append(_DROPPED_LINKS + _varint(dropped))
+    if dropped_attributes:
+        parts.append(_DROPPED_ATTRIBUTES + _varint(dropped_attributes))
+    if dropped_events:
+        parts.append(_DROPPED_EVENTS + _varint(dropped_events))
+    if dropped_links:
+        parts.append(_DROPPED_LINKS + _varint(dropped_links))
     return _field(_SS_SPANS, b"".join(parts))
+
+
+# -- spans encoded as they end ------------------------------------------------
+#
+# A span otel_graph makes itself can be encoded where it ends, before it is queued
+# (otel_graph.spans.DirectEmitter), when every exporter behind the queue takes encoded
+# chunks. What is queued is then a plain tuple, (its entry, its origin): bytes and an
+# int, which the garbage collector stops tracking, where a ReadableSpan is a dozen
+# tracked objects that a queue of thousands keeps alive long enough to be promoted and
+# traversed by full collections. The origin numbers a (resource, scope) pair.
+
+_ORIGINS: list[tuple[Any, Any]] = []
+_ORIGIN_NUMBERS: dict[tuple[int, int], int] = {}
+
+
+def origin(resource: Any, scope: Any) -> int:
+    """The number of spans of ``resource`` and ``scope`` (by identity; kept alive here)."""
+    key = (id(resource), id(scope))
+    number = _ORIGIN_NUMBERS.get(key)
+    if number is None:
+        _ORIGINS.append((resource, scope or None))
+        number = _ORIGIN_NUMBERS[key] = len(_ORIGINS) - 1
+    return number
+
+
+def new_memo() -> _Memo:
+    """A memo for :func:`span_entry` (pairs and keys encoded once); keep its size bounded."""
+    return _Memo()
+
+
+def _entry(span: Any, memo: _Memo) -> bytes:
+    """The entry of a ReadableSpan, or of a span encoded as it ended."""
+    return span[0] if type(span) is tuple else _span(span, memo)
 
 
 def _scope_head(scope: Any, memo: _Memo) -> bytes:
@@ -326,7 +363,7 @@ def encode_chunks(spans: Sequence[ReadableSpan], *, max_bytes: int) -> list[list
     current, size = EncodedSpans(), 0
     for span in spans:
         try:
-            part = _span(span, memo)
+            part = _entry(span, memo)
         except Exception:  # noqa: BLE001 - the exporter raises on it again, and the processor drops it alone
             if current:
                 chunks.append(current)
@@ -352,7 +389,10 @@ def group_spans(spans: Sequence[ReadableSpan]) -> dict[Any, dict[Any, list[int]]
     last: tuple[Any, Any] = (object(), object())
     bucket: list[int] = []
     for index, span in enumerate(spans):
-        resource, scope = span.resource, span.instrumentation_scope or None
+        if type(span) is tuple:
+            resource, scope = _ORIGINS[span[1]]
+        else:
+            resource, scope = span.resource, span.instrumentation_scope or None
         if resource is not last[0] or scope is not last[1]:
             bucket = groups.setdefault(resource, {}).setdefault(scope, [])
             last = (resource, scope)
@@ -372,7 +412,7 @@ def _encode_request(spans: Sequence[ReadableSpan]) -> bytes:
             if parts is not None:
                 encoded = b"".join([parts[index] for index in members])
             else:
-                encoded = b"".join([_span(spans[index], memo) for index in members])
+                encoded = b"".join([_entry(spans[index], memo) for index in members])
             body.append(_field(_RS_SCOPE_SPANS, _scope_head(scope, memo) + encoded))
         if resource.schema_url:
             body.append(_field(_RS_SCHEMA_URL, _utf8(resource.schema_url)))

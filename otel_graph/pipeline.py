@@ -88,7 +88,9 @@ def _event_text_bytes(span: ReadableSpan) -> int:
                if isinstance(value, str))
 
 
-def _weight(span: ReadableSpan) -> int:
+def _weight(span: ReadableSpan | tuple[bytes, int]) -> int:
+    if type(span) is tuple:  # encoded as it ended (otlp_fast.span_entry): its bytes are what it holds
+        return 1 + len(span[0]) // SPAN_BYTES
     # Only spans with events are measured: they are rare (failed tasks), and measuring
     # every span would cost the export path on the hot side of a 10^6-task graph.
     return 1 + _event_text_bytes(span) // SPAN_BYTES if span.events else 1
@@ -155,6 +157,19 @@ class ReliableSpanProcessor(SpanProcessor):
         return None
 
     def on_end(self, span: ReadableSpan) -> None:
+        self._enqueue(span)
+
+    @property
+    def takes_encoded(self) -> bool:
+        """Whether :meth:`on_end_encoded` may be given spans: the exporter takes encoded
+        chunks (otel_graph's OTLP exporters), and nothing reads delivered spans back."""
+        return self._chunked and self.on_delivered is None
+
+    def on_end_encoded(self, span: tuple[bytes, int]) -> None:
+        """A span encoded as it ended: ``(its entry, its origin)`` (:func:`otlp_fast.origin`)."""
+        self._enqueue(span)
+
+    def _enqueue(self, span: ReadableSpan | tuple[bytes, int]) -> None:
         with self._cond:  # so a span cannot slip in after deliver_remaining has counted the queue
             if self._stopped:
                 self.undelivered += 1
@@ -295,7 +310,9 @@ class ReliableSpanProcessor(SpanProcessor):
         weight = 0
         for _ in range(count):
             span = queue[0]
-            if span.events:
+            if type(span) is tuple:  # encoded: chunks are cut by their encoded size
+                weight += len(span[0]) // SPAN_BYTES
+            elif span.events:
                 size = _event_text_bytes(span)
                 if batch and event_bytes + size > MAX_EVENT_BYTES:
                     break

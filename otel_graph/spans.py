@@ -241,6 +241,7 @@ class DirectEmitter:
         #: What a root span is made with (otel_graph.compute_span), as the provider's tracer would.
         self.sampler, self.id_generator = provider.sampler, provider.id_generator
         self._checked: tuple[Any, bool] = (None, False)
+        self._encoding: tuple[Any, Any] = (None, None)  # (processors, the encoder's parts or None)
         self._span_context = SpanContext
         self._random = random.Random()
         #: (the last parent, its context), one attribute: emit() runs in more than one thread.
@@ -278,16 +279,56 @@ class DirectEmitter:
                              and all(getattr(p, "never_blocks", False) for p in current))
         return self._checked[1]
 
+    def _encoder(self) -> tuple[Any, Any, Any, int] | None:
+        """(processors, span_entry, memo, origin) while every processor takes encoded spans, else None.
+        Asked per span (a cluster's ledger may start reading delivered spans), answered from
+        the last answer while the provider's processors are the same."""
+        current = self._processors_behind(self._processor) if self._processor is not None else None
+        known, parts = self._encoding
+        if current is None or current is not known:
+            parts = None
+            if current and all(getattr(p, "takes_encoded", False) for p in current):
+                from otel_graph.otlp_fast import new_memo, origin, span_entry
+
+                parts = (span_entry, new_memo(), origin(self._resource, self._scope))
+            self._encoding = (current, parts)
+        if parts is None or not all(p.takes_encoded for p in current):
+            return None
+        return (current, *parts)
+
     def hand_over(self, *, name: str, context: Any, parent: Any, start_ns: int, end_ns: int,
                   attributes: dict[str, Any], events: tuple[Any, ...], status: Status) -> None:
-        """One finished span, cut to the span limits, to the provider's processors."""
+        """One finished span, cut to the span limits, to the provider's processors.
+
+        Encoded here, once, when every processor queues it for an exporter of encoded
+        chunks (:mod:`otel_graph.otlp_fast`): no ``ReadableSpan`` is made, nor encoded later.
+        """
         if self._limits is not None:
             attributes, events = _limited(self._limits, attributes, events, self.event)
+        else:
+            encoding = self._encoder()
+            if encoding is not None:
+                processors, entry, memo, origin = encoding
+                try:
+                    encoded = (entry(context, parent, name, SpanKind.INTERNAL, start_ns, end_ns, attributes, events,
+                                     (), status, memo), origin)
+                except Exception:  # noqa: BLE001 - as a ReadableSpan, the exporter refuses it alone
+                    encoded = None
+                if encoded is not None:
+                    if len(memo.pairs) > _MEMO_PAIRS:
+                        self._encoding = (None, None)  # a new memo: task keys would grow it without end
+                    for processor in processors:
+                        processor.on_end_encoded(encoded)
+                    return
         self._processor.on_end(self._readable(
             name=name, context=context, parent=parent, resource=self._resource,
             attributes=attributes, events=events, kind=SpanKind.INTERNAL, status=status,
             start_time=start_ns, end_time=end_ns, instrumentation_scope=self._scope,
         ))
+
+
+#: (key, value) pairs the encoder of spans as they end remembers, at most (about 1 MB).
+_MEMO_PAIRS = 4096
 
 
 #: More than any span otel_graph makes carries: limits at or above it change nothing.

@@ -441,3 +441,51 @@ def test_a_metric_exporter_without_its_preferences_is_still_counted(
 
     assert counting.export(MetricsData(resource_metrics=[])) is MetricExportResult.SUCCESS
     assert any("_preferred_temporality" in r.getMessage() for r in caplog.records if r.name == "otel_graph")
+
+
+@pytest.mark.usefixtures("no_stock_encoding")
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_spans_encoded_as_they_end_arrive_as_stock_encodes_them(protocol: str, monkeypatch: pytest.MonkeyPatch
+                                                                ) -> None:
+    """otel_graph's own spans, queued encoded (no ReadableSpan) for its OTLP exporters, arrive
+    exactly as the stock encoder encodes the ReadableSpans the same calls make elsewhere."""
+    from otel_graph.pipeline import ReliableSpanProcessor
+    from otel_graph.spans import DirectEmitter
+
+    def hand_over_all(emitter: DirectEmitter) -> None:
+        parent = _context(0xFEED, 0xBEEF)
+        error = Event("exception", {"exception.type": "ValueError", "exception.message": "boom ✗"}, 15)
+        for i, attributes in enumerate([{"dask.task.key": "inc-0", "dask.task.prefix": "inc", "thread.id": 7},
+                                        ALL_TYPES, {}, {"surrogate": "\ud800", "kept": 1}]):
+            emitter.hand_over(name=f"span-{i}", context=_context(0xFEED, i + 1), parent=parent if i else None,
+                              start_ns=10 + i, end_ns=20 + i, attributes=attributes, events=(error,) if i == 1 else (),
+                              status=Status(StatusCode.ERROR, "ValueError: boom") if i == 1 else Status(StatusCode.UNSET))
+        # A span the encoder cannot take (its name) goes as a ReadableSpan: the exporter refuses it alone.
+        emitter.hand_over(name="bad \udcff", context=_context(0xFEED, 9), parent=parent, start_ns=1, end_ns=2,
+                          attributes={}, events=(), status=Status(StatusCode.UNSET))
+
+    expected = TracerProvider(resource=RESOURCE)
+    stock_spans = _collect(expected)
+    hand_over_all(DirectEmitter(expected, SCOPE))
+    readable = [s for s in stock_spans.get_finished_spans() if s.name.isascii()]
+    with OtlpReceiver() as receiver:
+        if protocol == "grpc":
+            monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", receiver.grpc_endpoint)
+            monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_INSECURE", "true")
+        else:
+            monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"{receiver.http_endpoint}/v1/traces")
+        provider = TracerProvider(resource=RESOURCE)
+        processor = ReliableSpanProcessor(otlp_span_exporter(protocol=protocol), max_queued=1000)
+        provider.add_span_processor(processor)
+        try:
+            assert processor.takes_encoded
+            hand_over_all(DirectEmitter(provider, SCOPE))
+            assert sum(type(item) is tuple for item in processor._queue) == 4  # queued encoded, not as spans
+            assert processor.force_flush(10_000)
+        finally:
+            provider.shutdown()
+        assert (processor.exported, processor.undelivered) == (4, 1)
+        received = ExportTraceServiceRequest()
+        for request in receiver.requests("traces"):
+            received.MergeFrom(request.request)
+        assert received == encode_spans(readable)
