@@ -294,16 +294,20 @@ def no_stock_encoding(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(http_trace_exporter, "encode_spans", refuse)
 
 
+def _send_traces_to(receiver: OtlpReceiver, protocol: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if protocol == "grpc":
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", receiver.grpc_endpoint)
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_INSECURE", "true")
+    else:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"{receiver.http_endpoint}/v1/traces")
+
+
 @pytest.mark.usefixtures("no_stock_encoding")
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
 def test_fast_exporters_deliver(protocol: str, monkeypatch: pytest.MonkeyPatch) -> None:
     spans = _task_spans()
     with OtlpReceiver() as receiver:
-        if protocol == "grpc":
-            monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", receiver.grpc_endpoint)
-            monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_INSECURE", "true")
-        else:
-            monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"{receiver.http_endpoint}/v1/traces")
+        _send_traces_to(receiver, protocol, monkeypatch)
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "x-tenant=dask")
         exporter = otlp_span_exporter(protocol=protocol)
         assert takes_encoded_chunks(exporter)
@@ -469,11 +473,7 @@ def test_spans_encoded_as_they_end_arrive_as_stock_encodes_them(protocol: str, m
     hand_over_all(DirectEmitter(expected, SCOPE))
     readable = [s for s in stock_spans.get_finished_spans() if s.name.isascii()]
     with OtlpReceiver() as receiver:
-        if protocol == "grpc":
-            monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", receiver.grpc_endpoint)
-            monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_INSECURE", "true")
-        else:
-            monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"{receiver.http_endpoint}/v1/traces")
+        _send_traces_to(receiver, protocol, monkeypatch)
         provider = TracerProvider(resource=RESOURCE)
         processor = ReliableSpanProcessor(otlp_span_exporter(protocol=protocol), max_queued=1000)
         provider.add_span_processor(processor)
