@@ -14,7 +14,7 @@ registered, alternating, in this one process:
 * ``dask-suite`` (with ``--dask-suite``): part of the test suite shipped in the dask wheel
   (local schedulers, delayed, tracebacks, bag, array core), run by pytest plain and with
   otel_graph instrumenting every test's schedulers (``tests/peer/otel_graph_peer.py``),
-  exporting to OTLP JSON files. Bar: <= 1.10x.
+  exporting over OTLP/gRPC to the same receiver. Bar: <= 1.10x.
 
 Each figure is the median of ``--repeat`` rounds. Usage::
 
@@ -88,16 +88,16 @@ def measure(name: str, work: Callable[[], object], *, computes: int, repeat: int
     }
 
 
-def dask_suite(repeat: int) -> dict:
+def dask_suite(repeat: int, endpoint: str) -> dict:
     """Dask's own tests, plain and instrumented, alternating; the pytest wall time of each."""
-    files = Path(tempfile.mkdtemp(prefix="otel-graph-bench-suite-"))
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     # test_binary_operator_delegation needs pytest-mock, which otel_graph's test set does not install.
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "not test_binary_operator_delegation",
                "--pyargs", *DASK_SUITE]
     traced_env = {**base_env, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "peer"), str(ROOT)]),
-                  "OTEL_TRACES_EXPORTER": "otlp_file", "OTEL_METRICS_EXPORTER": "otlp_file",
-                  "OTEL_GRAPH_FILE_DIR": str(files)}
+                  "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+                  "OTEL_SERVICE_NAME": "otel-graph-bench-dask-suite",
+                  "OTEL_GRAPH_PEER_STATS": str(Path(tempfile.mkdtemp(prefix="otel-graph-bench-suite-")) / "stats")}
     plain, traced = [], []
     for _ in range(repeat):
         for env, extra, out in ((base_env, [], plain), (traced_env, ["-p", "otel_graph_peer"], traced)):
@@ -107,9 +107,11 @@ def dask_suite(repeat: int) -> dict:
             if run.returncode != 0:
                 raise SystemExit(f"dask-suite failed{' instrumented' if extra else ''}:\n{run.stdout[-3000:]}")
     summary = run.stdout.strip().splitlines()[-1]
+    stats = json.loads(Path(traced_env["OTEL_GRAPH_PEER_STATS"]).read_text())
     base = statistics.median(plain)
     return {"workload": "dask-suite", "bar": 1.10, "ratio": statistics.median(traced) / base,
-            "detail": f"{base:.0f} s plain, {statistics.median(traced):.0f} s instrumented ({summary})"}
+            "detail": (f"{base:.0f} s plain, {statistics.median(traced):.0f} s instrumented ({summary}; "
+                       f"{stats['spans_exported']:,} spans exported, {stats['spans_undelivered']} undelivered, a run)")}
 
 
 def main() -> None:
@@ -142,7 +144,7 @@ def main() -> None:
     rows = [measure("tiny-sync-2k", one_task_computes, computes=2000, repeat=args.repeat, bar=1.15),
             measure("tiny-array-200", array_computes, computes=200, repeat=args.repeat, bar=1.10)]
     if args.dask_suite:
-        rows.append(dask_suite(max(1, args.repeat - 1)))
+        rows.append(dask_suite(max(1, args.repeat - 1), receiver.endpoint))
     for row in rows:
         print(f"{row['workload']:<16} ratio {row['ratio']:.3f} (bar {row['bar']:.2f})  {row['detail']}")
     if args.json:
