@@ -180,6 +180,8 @@ class Tracker:
         self._inline: set[ComputeRecord] = set()
         self._metrics = metrics
         self._budget = max_task_spans
+        #: A compute of at most this many tasks gets a span for each (see _drain_whole).
+        self._whole_budget = INLINE_MAX_TASKS if max_task_spans is None else max_task_spans - max_task_spans // 2
         self._interval = drain_interval_s
         self._progress_ns = int(progress_interval_s * 1e9)
         # Insertion-ordered and O(1) to find and forget: a tight loop of tiny computes can
@@ -479,6 +481,11 @@ class Tracker:
 
     def _drain(self, record: ComputeRecord) -> None:
         plan = record.plan
+        if plan is None and record.end_ns is not None and not record.task_span_ids \
+                and len(record.sink) <= self._whole_budget \
+                and record.seen + len(record.sink) + record.lost >= record.submitted:
+            self._drain_whole(record)
+            return
         if plan is None:
             plan = record.plan = SpanPlan(
                 budget=self._budget,
@@ -511,6 +518,26 @@ class Tracker:
         settled = record.seen + record.lost >= record.submitted
         if settled or time.time_ns() - record.end_ns > STRAGGLER_WAIT_NS:
             self._finish(record, plan)
+
+    def _drain_whole(self, record: ComputeRecord) -> None:
+        """A compute that ended, all its tasks reported, within the first half of the span
+        budget (which gives tasks spans as they come): what :meth:`_drain` would do, with no
+        span plan. Most computes are this small; made and ended at once, they pay for no plan."""
+        sink = record.sink
+        with self._building:
+            if self._halt:
+                return
+            count = len(sink)
+            events = list(map(TaskEvent._make, sink[:count]))
+            del sink[:count]
+            record.seen += count
+            prefixes = [task_prefix(ev.key) for ev in events]
+            if events:
+                self._metrics.record_tasks(events, prefixes, record.scheduler)
+            if record.sampled:
+                for ev, prefix in zip(events, prefixes):
+                    self._task_span(record, ev, prefix)
+            self._end(record, None)
 
     def _consume(self, record: ComputeRecord, plan: SpanPlan, events: list[TaskEvent]) -> None:
         prefixes = [task_prefix(ev.key) for ev in events]
@@ -598,8 +625,9 @@ class Tracker:
             if not self._halt:
                 self._end(record, plan)
 
-    def _end(self, record: ComputeRecord, plan: SpanPlan) -> None:
-        plan.finish()
+    def _end(self, record: ComputeRecord, plan: SpanPlan | None) -> None:
+        if plan is not None:
+            plan.finish()
         span = record.span
         if record.scheduler != "distributed":
             span.set_attribute("dask.graph.tasks", record.seen)
