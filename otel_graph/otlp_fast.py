@@ -178,11 +178,16 @@ def _utf8(text: str | bytes) -> bytes:
 class _Memo:
     """What one request encodes once: (key, value) pairs, and the head of a KeyValue per key."""
 
-    __slots__ = ("heads", "pairs")
+    __slots__ = ("heads", "pairs", "names", "trace", "parent")
 
     def __init__(self) -> None:
         self.heads: dict[str, bytes] = {}
         self.pairs: dict[tuple[bytes, str, Any, type], bytes] = {}
+        #: Span names as their encoded field; spans come in runs of one trace, and of one
+        #: parent: (trace id, its field) and (parent context, its fields) of the last span.
+        self.names: dict[str, bytes] = {}
+        self.trace: tuple[int, bytes] = (-1, b"")
+        self.parent: tuple[Any, bytes] = (None, b"")
 
 
 # Types whose value (with the type) fixes the encoding, so a (key, value) pair seen before
@@ -256,19 +261,31 @@ def span_entry(context: Any, parent: Any, name: str, kind: SpanKind, start: int 
                status: Any, memo: _Memo, dropped_attributes: int = 0, dropped_events: int = 0,
                dropped_links: int = 0) -> bytes:
     """A span's ``ScopeSpans.spans`` entry from its parts. The hot path: flat, locals for repeated reads."""
-    parts = [_TRACE_ID + b"\x10" + context.trace_id.to_bytes(16, "big"),
-             _SPAN_ID + b"\x08" + context.span_id.to_bytes(8, "big"),
+    trace_id, trace = memo.trace
+    if trace_id != context.trace_id:
+        trace_id = context.trace_id
+        trace = _TRACE_ID + b"\x10" + trace_id.to_bytes(16, "big")
+        memo.trace = (trace_id, trace)
+    parts = [trace, _SPAN_ID + b"\x08" + context.span_id.to_bytes(8, "big"),
              _INTERNAL if kind is SpanKind.INTERNAL else _KINDS[kind]]  # SpanKind's hash is Python code
     if parent:
-        parts.append(_PARENT_SPAN_ID + b"\x08" + parent.span_id.to_bytes(8, "big"))
-        parts.append(_SPAN_FLAGS[bool(parent.is_remote)])
+        last, fields = memo.parent
+        if parent is not last:
+            fields = _PARENT_SPAN_ID + b"\x08" + parent.span_id.to_bytes(8, "big") + _SPAN_FLAGS[bool(parent.is_remote)]
+            memo.parent = (parent, fields)
+        parts.append(fields)
     else:
         parts.append(_SPAN_FLAGS[False])
     trace_state = context.trace_state
     if trace_state:
         parts.append(_field(_TRACE_STATE, ",".join([f"{k}={v}" for k, v in trace_state.items()]).encode()))
     if name:
-        parts.append(_field(_NAME, name.encode() if type(name) is str else _utf8(name)))
+        field = memo.names.get(name) if type(name) is str else None
+        if field is None:
+            field = _field(_NAME, name.encode() if type(name) is str else _utf8(name))
+            if type(name) is str:
+                memo.names[name] = field
+        parts.append(field)
     if start:
         parts.append(_START + _U64(start))
     if end:

@@ -136,9 +136,10 @@ class ReliableSpanProcessor(SpanProcessor):
         self.dropped = 0
         self.failed_attempts = 0
         self.undelivered = 0
-        #: Called from the export thread with each batch the collector took (a distributed
-        #: worker reports what it delivered to the scheduler: :mod:`otel_graph.cluster.ledger`).
-        self.on_delivered: Callable[[list[ReadableSpan]], None] | None = None
+        self._on_delivered: Callable[[list[ReadableSpan]], None] | None = None
+        #: Whether :meth:`on_end_encoded` may be given spans: the exporter takes encoded
+        #: chunks (otel_graph's OTLP exporters), and nothing reads delivered spans back.
+        self.takes_encoded = self._chunked
         self._forked = False
         self._thread = threading.Thread(target=self._run, name="otel-graph-spans", daemon=True)
         self._thread.start()
@@ -160,10 +161,15 @@ class ReliableSpanProcessor(SpanProcessor):
         self._enqueue(span)
 
     @property
-    def takes_encoded(self) -> bool:
-        """Whether :meth:`on_end_encoded` may be given spans: the exporter takes encoded
-        chunks (otel_graph's OTLP exporters), and nothing reads delivered spans back."""
-        return self._chunked and self.on_delivered is None
+    def on_delivered(self) -> Callable[[list[ReadableSpan]], None] | None:
+        """Called from the export thread with each batch the collector took (a distributed
+        worker reports what it delivered to the scheduler: :mod:`otel_graph.cluster.ledger`)."""
+        return self._on_delivered
+
+    @on_delivered.setter
+    def on_delivered(self, callback: Callable[[list[ReadableSpan]], None] | None) -> None:
+        self._on_delivered = callback
+        self.takes_encoded = self._chunked and callback is None  # it reads spans, not their encoding
 
     def on_end_encoded(self, span: tuple[bytes, int]) -> None:
         """A span encoded as it ended: ``(its entry, its origin)`` (:func:`otlp_fast.origin`)."""
@@ -177,7 +183,7 @@ class ReliableSpanProcessor(SpanProcessor):
                     forked_child_drops("spans")
                 return
             self._queue.append(span)
-            self._weight += _weight(span)
+            self._weight += 1 + len(span[0]) // SPAN_BYTES if type(span) is tuple else _weight(span)
             if len(self._queue) % self._max_batch == 0:
                 self._cond.notify()
             full = self._weight > self._max_queued
@@ -409,9 +415,10 @@ class ReliableSpanProcessor(SpanProcessor):
         """
         outcome = self._export(batch)
         if outcome is True:
-            if self.on_delivered is not None:
+            if self._on_delivered is not None:
                 try:
-                    self.on_delivered(batch)
+                    # Spans queued encoded before a reader was set carry no attributes to read.
+                    self._on_delivered([span for span in batch if type(span) is not tuple])
                 except Exception:
                     logger.debug("otel_graph: counting delivered spans failed", exc_info=True)
             return len(batch), [], 0

@@ -292,8 +292,11 @@ class DirectEmitter:
 
                 parts = (span_entry, new_memo(), origin(self._resource, self._scope))
             self._encoding = (current, parts)
-        if parts is None or not all(p.takes_encoded for p in current):
+        if parts is None:
             return None
+        for processor in current:
+            if not processor.takes_encoded:
+                return None
         return (current, *parts)
 
     def hand_over(self, *, name: str, context: Any, parent: Any, start_ns: int, end_ns: int,

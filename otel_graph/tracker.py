@@ -78,6 +78,7 @@ PROGRESS_SPANS_PER_STEP = 100
 PROGRESS_SPAN = "dask.compute.progress"
 #: Task events turned into TaskEvents and consumed at a time (see _drain).
 EVENT_SLICE = 2048
+_NO_EXTRA: dict[str, Any] = {}
 #: How long stop() waits, once it gave up, for the thread to put down its slice.
 _HALT_WAIT_S = 0.2
 
@@ -570,7 +571,8 @@ class Tracker:
 
     def _task_span(self, record: ComputeRecord, ev: TaskEvent, prefix: str) -> None:
         ids = record.task_span_ids
-        extra = {"span_id": ids[ev.key]} if ids and ev.key in ids else {}
+        # Only a DirectEmitter gives ids out (sets_span_ids), and only it takes span_id=.
+        extra = {"span_id": ids[ev.key]} if ids and ev.key in ids else _NO_EXTRA
         with self._building:
             if self._halt:
                 return  # counted as unbuilt
