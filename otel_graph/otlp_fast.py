@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import logging
 import struct
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -176,7 +177,10 @@ def _utf8(text: str | bytes) -> bytes:
 
 
 class _Memo:
-    """What one request encodes once: (key, value) pairs, and the head of a KeyValue per key."""
+    """What is encoded once and reused: (key, value) pairs, the head of a KeyValue per key.
+
+    One per request at export; one per emitter for spans encoded as they end (its owner
+    replaces it once it holds too many pairs)."""
 
     __slots__ = ("heads", "pairs", "names", "trace", "parent")
 
@@ -193,6 +197,9 @@ class _Memo:
 # Types whose value (with the type) fixes the encoding, so a (key, value) pair seen before
 # is reused as bytes. Not floats (0.0 == -0.0), not sequences (1 == True == 1.0 inside).
 _MEMO_TYPES = frozenset({str, int, bool})
+#: Longer strings are not remembered: they rarely repeat (stack traces, messages), and a
+#: memo that outlives a request would keep them (1,300 distinct tracebacks: 53 MB).
+_MEMO_MAX_CHARS = 64
 
 
 def _attributes(field: bytes, attributes: Mapping[str, Any] | None, memo: _Memo) -> bytes:
@@ -203,7 +210,7 @@ def _attributes(field: bytes, attributes: Mapping[str, Any] | None, memo: _Memo)
     for name, value in attributes.items():
         try:
             kind = type(value)
-            if kind in _MEMO_TYPES:
+            if kind in _MEMO_TYPES and (kind is not str or len(value) <= _MEMO_MAX_CHARS):
                 memo_key = (field, name, value, kind)
                 encoded = pairs.get(memo_key)
                 if encoded is None:
@@ -322,16 +329,19 @@ def span_entry(context: Any, parent: Any, name: str, kind: SpanKind, start: int 
 
 _ORIGINS: list[tuple[Any, Any]] = []
 _ORIGIN_NUMBERS: dict[tuple[int, int], int] = {}
+_ORIGIN_LOCK = threading.Lock()
 
 
 def origin(resource: Any, scope: Any) -> int:
-    """The number of spans of ``resource`` and ``scope`` (by identity; kept alive here)."""
+    """The number of spans of ``resource`` and ``scope`` (by identity). Both are kept alive
+    here, for spans still queued: one pair per provider otel_graph builds in the process."""
     key = (id(resource), id(scope))
-    number = _ORIGIN_NUMBERS.get(key)
-    if number is None:
-        _ORIGINS.append((resource, scope or None))
-        number = _ORIGIN_NUMBERS[key] = len(_ORIGINS) - 1
-    return number
+    with _ORIGIN_LOCK:
+        number = _ORIGIN_NUMBERS.get(key)
+        if number is None:
+            number = _ORIGIN_NUMBERS[key] = len(_ORIGINS)
+            _ORIGINS.append((resource, scope or None))
+        return number
 
 
 def new_memo() -> _Memo:

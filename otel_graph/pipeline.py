@@ -83,12 +83,17 @@ MAX_REQUEST_BYTES = 2_000_000
 SPAN_BYTES = 2_500
 
 
+#: What the span queue holds: a ReadableSpan, or a span encoded as it ended, (its
+#: ``ScopeSpans.spans`` entry, its origin: :func:`otel_graph.otlp_fast.origin`).
+Queued = ReadableSpan | tuple[bytes, int]
+
+
 def _event_text_bytes(span: ReadableSpan) -> int:
     return sum(len(value) for event in span.events for value in (event.attributes or {}).values()
                if isinstance(value, str))
 
 
-def _weight(span: ReadableSpan | tuple[bytes, int]) -> int:
+def _weight(span: Queued) -> int:
     if type(span) is tuple:  # encoded as it ended (otlp_fast.span_entry): its bytes are what it holds
         return 1 + len(span[0]) // SPAN_BYTES
     # Only spans with events are measured: they are rare (failed tasks), and measuring
@@ -112,7 +117,7 @@ class ReliableSpanProcessor(SpanProcessor):
         self._max_queued = max_queued
         self._max_batch = max_batch
         self._delay = schedule_delay_s
-        self._queue: deque[ReadableSpan] = deque()
+        self._queue: deque[Queued] = deque()
         # Of the spans queued and in flight, in SPAN_BYTES units: a batch the exporter holds
         # (retrying inside a hung call, say) is memory held too.
         self._weight = 0
@@ -179,7 +184,7 @@ class ReliableSpanProcessor(SpanProcessor):
         """A span encoded as it ended: ``(its entry, its origin)`` (:func:`otlp_fast.origin`)."""
         self._enqueue(span)
 
-    def _enqueue(self, span: ReadableSpan | tuple[bytes, int]) -> None:
+    def _enqueue(self, span: Queued) -> None:
         with self._lock:  # so a span cannot slip in after deliver_remaining has counted the queue
             if self._stopped:
                 self.undelivered += 1
@@ -306,13 +311,13 @@ class ReliableSpanProcessor(SpanProcessor):
                            "spans and counting them as undelivered", self._max_queued,
                            self._max_queued * SPAN_BYTES // 10**6)
 
-    def _take_batch(self) -> list[ReadableSpan]:
+    def _take_batch(self) -> list[Queued]:
         queue = self._queue
         limit = self._batch_limit
         if self._chunked and limit == self._max_batch and len(queue) >= 2 * limit:  # backed up, exports going through
             limit = CATCH_UP_BATCH
         count = min(len(queue), limit)
-        batch: list[ReadableSpan] = []
+        batch: list[Queued] = []
         event_bytes = 0
         # Failed tasks carry exception events of up to ~20 kB; 512 of them would pass the
         # collector's 4 MB request limit. Only spans with events are measured (cheap), and
@@ -391,7 +396,7 @@ class ReliableSpanProcessor(SpanProcessor):
             if retried and full:  # spans that ended while this batch was out, past the bound
                 self._drop_oldest()
 
-    def _send(self, batch: list[ReadableSpan]) -> tuple[int, list[ReadableSpan], int]:
+    def _send(self, batch: list[Queued]) -> tuple[int, list[Queued], int]:
         """:meth:`_deliver` ``batch``, as requests under :data:`MAX_REQUEST_BYTES` if the exporter can.
 
         A chunk that must be retried is retried with every chunk after it, in order.
@@ -409,7 +414,7 @@ class ReliableSpanProcessor(SpanProcessor):
                 return exported, retry + [span for rest in chunks[index + 1:] for span in rest], unexportable
         return exported, [], unexportable
 
-    def _deliver(self, batch: list[ReadableSpan]) -> tuple[int, list[ReadableSpan], int]:
+    def _deliver(self, batch: list[Queued]) -> tuple[int, list[Queued], int]:
         """Export ``batch``: (spans exported, spans to retry, spans given up on).
 
         A collector that fails is retried. An exporter that *raises* may be choking on one
@@ -438,7 +443,7 @@ class ReliableSpanProcessor(SpanProcessor):
         first, second = self._deliver(batch[:half]), self._deliver(batch[half:])
         return first[0] + second[0], first[1] + second[1], first[2] + second[2]
 
-    def _export(self, batch: list[ReadableSpan]) -> bool | Exception:
+    def _export(self, batch: list[Queued]) -> bool | Exception:
         """True, False (the exporter reported failure), or what the exporter raised."""
         try:
             if self._exporter.export(batch) == SpanExportResult.SUCCESS:

@@ -78,6 +78,7 @@ PROGRESS_SPANS_PER_STEP = 100
 PROGRESS_SPAN = "dask.compute.progress"
 #: Task events turned into TaskEvents and consumed at a time (see _drain).
 EVENT_SLICE = 2048
+#: The keyword arguments of a task span without a span id given out while it ran.
 _NO_EXTRA: dict[str, Any] = {}
 #: How long stop() waits, once it gave up, for the thread to put down its slice.
 _HALT_WAIT_S = 0.2
@@ -181,8 +182,10 @@ class Tracker:
         self._inline: set[ComputeRecord] = set()
         self._metrics = metrics
         self._budget = max_task_spans
-        #: A compute of at most this many tasks gets a span for each (see _drain_whole).
-        self._whole_budget = INLINE_MAX_TASKS if max_task_spans is None else max_task_spans - max_task_spans // 2
+        #: A compute of at most this many tasks is drained whole, a span each (see _drain_whole):
+        #: small, as it is drained holding _building and made TaskEvents at once.
+        self._whole_budget = INLINE_MAX_TASKS if max_task_spans is None else \
+            min(INLINE_MAX_TASKS, max_task_spans - max_task_spans // 2)
         self._interval = drain_interval_s
         self._progress_ns = int(progress_interval_s * 1e9)
         # Insertion-ordered and O(1) to find and forget: a tight loop of tiny computes can
@@ -538,7 +541,8 @@ class Tracker:
             if record.sampled:
                 for ev, prefix in zip(events, prefixes):
                     self._task_span(record, ev, prefix)
-            self._end(record, None)
+            if not self._halt:  # halted meanwhile: what is left stays counted as unbuilt
+                self._end(record, None)
 
     def _consume(self, record: ComputeRecord, plan: SpanPlan, events: list[TaskEvent]) -> None:
         prefixes = [task_prefix(ev.key) for ev in events]

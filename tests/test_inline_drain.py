@@ -65,3 +65,39 @@ def test_a_compute_drained_inline_is_not_drained_again_by_the_tracker():
     assert sorted((a["dask.scheduler"], a["dask.task.outcome"], n) for a, n in points) == \
         [("sync", "error", 1), ("threads", "success", 1)], points
     assert [s.name for s in spans.get_finished_spans()].count("dask.compute") == 2
+
+
+def test_a_halt_in_the_middle_of_a_whole_drain_leaves_the_rest_counted_as_unbuilt():
+    """stop(drain=False) (exit with the collector down) may land while a small compute is
+    being drained whole: the task spans not made yet stay counted as unbuilt, and its root
+    span is not ended as if it were complete."""
+    spans = InMemorySpanExporter()
+    provider = TracerProvider()
+    processor = ReliableSpanProcessor(spans, max_queued=10_000, schedule_delay_s=0.01)
+    provider.add_span_processor(processor)
+    meters = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    tracker: Tracker
+
+    class HaltingEmitter(DirectEmitter):  # the halt lands as the second task span is made
+        made = 0
+
+        def emit(self, **kwargs):  # noqa: ANN003, ANN201
+            self.made += 1
+            if self.made == 2:
+                tracker._halt = True  # what stop(drain=False) sets, from the exit hook's thread
+            return super().emit(**kwargs)
+
+    tracker = Tracker(tracer=provider.get_tracer("test"), emitter=HaltingEmitter(provider, InstrumentationScope("t")),
+                      metrics=TaskMetrics(meters.get_meter("test")), max_task_spans=1000, drain_interval_s=60)
+    try:
+        record = tracker.begin("sync")
+        record.submitted = 5
+        record.sink.extend((f"k-{i}", 1, 2, 1, 1, 8, "int", None) for i in range(5))
+        tracker.end(record, None)  # drained inline, whole: 5 tasks, within half the budget
+        assert record in tracker._records  # not forgotten as if finished
+        assert tracker.unprocessed() == 5 - 2 + 1  # three task spans and the root never made
+        assert processor.force_flush(10_000)
+        assert sorted(s.name for s in spans.get_finished_spans()) == ["k", "k"]
+    finally:
+        tracker.stop(1, drain=False)
+        processor.shutdown()

@@ -475,7 +475,9 @@ def test_spans_encoded_as_they_end_arrive_as_stock_encodes_them(protocol: str, m
     with OtlpReceiver() as receiver:
         _send_traces_to(receiver, protocol, monkeypatch)
         provider = TracerProvider(resource=RESOURCE)
-        processor = ReliableSpanProcessor(otlp_span_exporter(protocol=protocol), max_queued=1000)
+        # Exported at the flush only: one request, whatever the machine's load.
+        processor = ReliableSpanProcessor(otlp_span_exporter(protocol=protocol), max_queued=1000,
+                                          schedule_delay_s=60)
         provider.add_span_processor(processor)
         try:
             assert processor.takes_encoded
@@ -489,3 +491,73 @@ def test_spans_encoded_as_they_end_arrive_as_stock_encodes_them(protocol: str, m
         for request in receiver.requests("traces"):
             received.MergeFrom(request.request)
         assert received == encode_spans(readable)
+
+
+def test_spans_encoded_as_they_end_group_with_readable_spans_as_stock() -> None:
+    """A batch mixing encoded spans and ReadableSpans of another resource: grouped by
+    resource and scope, in first-seen order, as stock groups the equivalent spans."""
+    from otel_graph.otlp_fast import new_memo, origin, span_entry
+
+    other = Resource({"service.name": "worker"})
+    parent = _context(0xFEED, 0xBEEF)
+    memo = new_memo()
+
+    def ours(i: int) -> tuple[ReadableSpan, tuple[bytes, int]]:
+        readable = ReadableSpan(name=f"ours-{i}", context=_context(0xFEED, i + 1), parent=parent, resource=RESOURCE,
+                                instrumentation_scope=SCOPE, attributes={"dask.task.key": f"inc-{i}"},
+                                start_time=10, end_time=20)
+        encoded = span_entry(readable.context, parent, readable.name, SpanKind.INTERNAL, 10, 20, readable.attributes,
+                             (), (), readable.status, memo)
+        return readable, (encoded, origin(RESOURCE, SCOPE))
+
+    theirs = [ReadableSpan(name=f"theirs-{i}", context=_context(0xFEED, 100 + i), resource=other,
+                           attributes={"n": i}, start_time=1, end_time=2) for i in range(2)]
+    (first, first_encoded), (second, second_encoded) = ours(0), ours(1)
+    mixed = [first_encoded, theirs[0], second_encoded, theirs[1]]
+    assert encode_spans_fast(mixed) == encode_spans([first, theirs[0], second, theirs[1]])
+    (chunk,) = encode_chunks(mixed, max_bytes=10**6)
+    assert encode_spans_fast(chunk) == encode_spans([first, theirs[0], second, theirs[1]])
+
+
+@pytest.mark.usefixtures("no_stock_encoding")
+def test_a_delivery_reader_gets_readable_spans(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A processor whose delivered spans are read back (a dask.distributed worker's ledger)
+    is handed ReadableSpans, not encoded ones, from the moment the reader is set."""
+    from otel_graph.pipeline import ReliableSpanProcessor
+    from otel_graph.spans import DirectEmitter
+
+    delivered: list[Any] = []
+    with OtlpReceiver() as receiver:
+        _send_traces_to(receiver, "grpc", monkeypatch)
+        provider = TracerProvider(resource=RESOURCE)
+        processor = ReliableSpanProcessor(otlp_span_exporter(protocol="grpc"), max_queued=1000)
+        provider.add_span_processor(processor)
+        emitter = DirectEmitter(provider, SCOPE)
+        try:
+            assert processor.takes_encoded
+            processor.on_delivered = delivered.extend
+            assert not processor.takes_encoded
+            emitter.emit(parent=NonRecordingSpan(_context(0xFEED, 0xBEEF)), name="inc", start_ns=1, end_ns=2,
+                         attributes={"dask.task.prefix": "inc"})
+            assert processor.force_flush(10_000)
+        finally:
+            provider.shutdown()
+        assert [(s.name, dict(s.attributes)) for s in delivered] == [("inc", {"dask.task.prefix": "inc"})]
+        assert [s["name"] for s in receiver.spans()] == ["inc"]
+
+
+def test_a_long_lived_memo_keeps_no_long_strings() -> None:
+    """An emitter's memo outlives requests: stack traces and messages, which rarely repeat,
+    must not stay in it (1,300 distinct tracebacks once held 53 MB after their export)."""
+    from otel_graph.otlp_fast import new_memo, span_entry
+
+    memo = new_memo()
+    status = Status(StatusCode.ERROR, "boom")
+    for i in range(3):
+        trace = f"Traceback {i}\n" + "  File x.py, line 1\n" * 500
+        event = Event("exception", {"exception.stacktrace": trace, "exception.type": "ValueError"}, 5)
+        span_entry(_context(1, i + 1), None, "failed", SpanKind.INTERNAL, 1, 2, {"dask.task.key": f"k-{i}",
+                   "error.type": "ValueError", "long": "x" * 1000 + str(i)}, (event,), (), status, memo)
+    remembered = [key[2] for key in memo.pairs]
+    assert "ValueError" in remembered and "k-2" in remembered
+    assert max(len(str(value)) for value in remembered) <= 64

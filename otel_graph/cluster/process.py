@@ -70,6 +70,8 @@ def _count_deliveries(providers: Any) -> bool:
     if processor is None:  # traces off, or another exporter's pipeline
         return False
     if processor.on_delivered is None:
+        # Before the worker records any task: a reader set turns off encoding spans as they
+        # end (pipeline.ReliableSpanProcessor.takes_encoded), whose spans it could not read.
         processor.on_delivered = _on_delivered
     metrics = getattr(owned, "metric_exporter", None)
     if metrics is not None and metrics.on_delivered is None:
