@@ -80,10 +80,19 @@ def _run_local(record: ComputeRecord, batch: list) -> list:
     return out
 
 
+#: dask.local's executor classes, imported at the first compute (an import statement per
+#: compute cost it a microsecond).
+_dask_executors: tuple[type, type] | None = None
+
+
 def _kind_of_executor(submit: Callable) -> tuple[str | None, bool]:
     """(scheduler name or None when unknown, whether tasks run in this process)."""
-    from dask.local import MultiprocessingPoolExecutor, SynchronousExecutor
+    global _dask_executors
+    if _dask_executors is None:
+        from dask.local import MultiprocessingPoolExecutor, SynchronousExecutor
 
+        _dask_executors = (SynchronousExecutor, MultiprocessingPoolExecutor)
+    SynchronousExecutor, MultiprocessingPoolExecutor = _dask_executors  # noqa: N806
     owner = getattr(submit, "__self__", None)
     if isinstance(owner, SynchronousExecutor):
         return "sync", True

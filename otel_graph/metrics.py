@@ -73,6 +73,7 @@ class TaskMetrics:
             self._duration, self._size, self._compute = (_api_record(h) for h in made)
         self._attributes: dict[tuple[str | None, str, bool], tuple[tuple[str, Any], ...]] = {}
         self._by_prefix: dict[str | None, tuple[tuple[str, Any], ...]] = {None: (_OVERFLOW,)}
+        self._compute_attributes: dict[tuple[str, bool], tuple[tuple[str, Any], ...]] = {}
         self._prefixes: set[str] = set()
         self._warned_overflow = False
 
@@ -81,6 +82,15 @@ class TaskMetrics:
         return self._histograms.lock if self._histograms is not None else nullcontext()
 
     def record_tasks(self, events: Sequence[TaskEvent], prefixes: Sequence[str], scheduler: str) -> None:
+        if len(events) == 1:  # a one-task compute: most computes of a loop of tiny ones
+            (ev,), (prefix,) = events, prefixes
+            label = prefix if prefix in self._prefixes else self._admit(prefix)
+            failed = ev.error is not None
+            with self.batch():
+                self._duration(self._task_attributes(label, scheduler, failed), ((ev.end_ns - ev.start_ns) / 1e9,))
+                if not failed and ev.nbytes >= 0:
+                    self._size(self._size_attributes(label), (ev.nbytes,))
+            return
         groups: dict[tuple[str | None, bool], list[TaskEvent]] = {}
         admitted = self._prefixes
         for ev, prefix in zip(events, prefixes):
@@ -153,9 +163,12 @@ class TaskMetrics:
         return attributes
 
     def record_compute(self, duration_s: float, scheduler: str, failed: bool) -> None:
+        attributes = self._compute_attributes.get((scheduler, failed))
+        if attributes is None:
+            attributes = self._compute_attributes[(scheduler, failed)] = (
+                ("dask.scheduler", scheduler), ("dask.task.outcome", "error" if failed else "success"))
         with self.batch():
-            self._compute((("dask.scheduler", scheduler),
-                           ("dask.task.outcome", "error" if failed else "success")), [duration_s])
+            self._compute(attributes, [duration_s])
 
 
 def _api_record(instrument: Any) -> Callable[[tuple[tuple[str, str], ...], Sequence[float]], None]:
