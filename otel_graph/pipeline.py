@@ -192,7 +192,7 @@ class ReliableSpanProcessor(SpanProcessor):
                     forked_child_drops("spans")
                 return
             self._queue.append(span)
-            self._weight += 1 + len(span[0]) // SPAN_BYTES if type(span) is tuple else _weight(span)
+            self._weight += _weight(span)
             if len(self._queue) % self._max_batch == 0:
                 self._cond.notify()
             full = self._weight > self._max_queued
