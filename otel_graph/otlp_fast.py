@@ -44,6 +44,7 @@ unknown type, an int beyond int64, invalid UTF-8) is logged and left out.
 from __future__ import annotations
 
 import logging
+import os
 import struct
 import threading
 from collections.abc import Mapping, Sequence
@@ -330,6 +331,15 @@ def span_entry(context: Any, parent: Any, name: str, kind: SpanKind, start: int 
 _ORIGINS: list[tuple[Any, Any]] = []
 _ORIGIN_NUMBERS: dict[tuple[int, int], int] = {}
 _ORIGIN_LOCK = threading.Lock()
+
+
+def _new_origin_lock() -> None:
+    global _ORIGIN_LOCK
+    _ORIGIN_LOCK = threading.Lock()  # a thread of the parent's may have held it at the fork
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows
+    os.register_at_fork(after_in_child=_new_origin_lock)
 
 
 def origin(resource: Any, scope: Any) -> int:
