@@ -82,15 +82,6 @@ class TaskMetrics:
         return self._histograms.lock if self._histograms is not None else nullcontext()
 
     def record_tasks(self, events: Sequence[TaskEvent], prefixes: Sequence[str], scheduler: str) -> None:
-        if len(events) == 1:  # a one-task compute: most computes of a loop of tiny ones
-            (ev,), (prefix,) = events, prefixes
-            label = prefix if prefix in self._prefixes else self._admit(prefix)
-            failed = ev.error is not None
-            with self.batch():
-                self._duration(self._task_attributes(label, scheduler, failed), ((ev.end_ns - ev.start_ns) / 1e9,))
-                if not failed and ev.nbytes >= 0:
-                    self._size(self._size_attributes(label), (ev.nbytes,))
-            return
         groups: dict[tuple[str | None, bool], list[TaskEvent]] = {}
         admitted = self._prefixes
         for ev, prefix in zip(events, prefixes):

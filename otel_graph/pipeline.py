@@ -326,7 +326,7 @@ class ReliableSpanProcessor(SpanProcessor):
         for _ in range(count):
             span = queue[0]
             if type(span) is tuple:  # encoded: chunks are cut by their encoded size
-                weight += len(span[0]) // SPAN_BYTES
+                weight += _weight(span) - 1
             elif span.events:
                 size = _event_text_bytes(span)
                 if batch and event_bytes + size > MAX_EVENT_BYTES:

@@ -133,6 +133,10 @@ class ComputeRecord:
         #: Drained inline when it ends, if small (its root is then a light one: compute_span).
         self.inline = False
 
+    def all_reported(self) -> bool:
+        """Every submitted task has its event (seen, or waiting in the sink) or was lost."""
+        return self.seen + len(self.sink) + self.lost >= self.submitted
+
     def parent_for(self, thread: int) -> TaskParent:
         """The parent of spans started by tasks of this compute on ``thread`` (made once)."""
         parent = self.parents.get(thread)
@@ -266,8 +270,8 @@ class Tracker:
     def end(self, record: ComputeRecord, error: BaseException | None) -> None:
         record.error = error  # before end_ns: a drain in between must not see a failure as success
         record.end_ns = time.time_ns()
-        if record.inline and record.submitted <= INLINE_MAX_TASKS \
-                and record.seen + len(record.sink) + record.lost >= record.submitted and self._drain_here(record):
+        if record.inline and record.submitted <= INLINE_MAX_TASKS and record.all_reported() \
+                and self._drain_here(record):
             return
         with self._wake:
             self._requested += 1
@@ -486,8 +490,7 @@ class Tracker:
     def _drain(self, record: ComputeRecord) -> None:
         plan = record.plan
         if plan is None and record.end_ns is not None and not record.task_span_ids \
-                and len(record.sink) <= self._whole_budget \
-                and record.seen + len(record.sink) + record.lost >= record.submitted:
+                and len(record.sink) <= self._whole_budget and record.all_reported():
             self._drain_whole(record)
             return
         if plan is None:
@@ -497,12 +500,9 @@ class Tracker:
                 emit_aggregate=lambda agg: self._aggregate_span(record, agg),
                 keep=record.task_span_ids,
             )
-        sink = record.sink
-        with self._building:  # seen whenever not in the sink, for stop()'s count
-            count = len(sink)
-            taken = sink[:count]
-            del sink[:count]  # appends may land meanwhile; they stay at the end
-            record.seen += count
+        with self._building:
+            taken = self._take(record)
+        count = len(taken)
         # Plain tuples until now (see task_runner.execute). Made TaskEvents a slice at a time,
         # so that those not kept die young: 10^5 at once outlived two collections, and
         # their promotion set off a full one (~0.1 s) on the tracker's drain.
@@ -527,28 +527,37 @@ class Tracker:
         """A compute that ended, all its tasks reported, within the first half of the span
         budget (which gives tasks spans as they come): what :meth:`_drain` would do, with no
         span plan. Most computes are this small; made and ended at once, they pay for no plan."""
-        sink = record.sink
         with self._building:
             if self._halt:
                 return
-            count = len(sink)
-            events = list(map(TaskEvent._make, sink[:count]))
-            del sink[:count]
-            record.seen += count
-            prefixes = [task_prefix(ev.key) for ev in events]
+            events = list(map(TaskEvent._make, self._take(record)))
             if events:
-                self._metrics.record_tasks(events, prefixes, record.scheduler)
-            if record.sampled:
-                for ev, prefix in zip(events, prefixes):
-                    self._task_span(record, ev, prefix)
+                self._consume(record, None, events)
             if not self._halt:  # halted meanwhile: what is left stays counted as unbuilt
                 self._end(record, None)
 
-    def _consume(self, record: ComputeRecord, plan: SpanPlan, events: list[TaskEvent]) -> None:
+    @staticmethod
+    def _take(record: ComputeRecord) -> list[tuple[Any, ...]]:
+        """Under ``_building``: the events in the sink, now counted as seen (seen whenever
+        not in the sink, for stop()'s count). Appends may land meanwhile; they stay."""
+        sink = record.sink
+        count = len(sink)
+        taken = sink[:count]
+        del sink[:count]
+        record.seen += count
+        return taken
+
+    def _consume(self, record: ComputeRecord, plan: SpanPlan | None, events: list[TaskEvent]) -> None:
+        """Task metrics for ``events``, and their spans through ``plan`` (None: a span each)."""
         prefixes = [task_prefix(ev.key) for ev in events]
         self._metrics.record_tasks(events, prefixes, record.scheduler)
-        if record.sampled:
+        if not record.sampled:
+            return
+        if plan is not None:
             plan.add(events, prefixes)
+            return
+        for ev, prefix in zip(events, prefixes):
+            self._task_span(record, ev, prefix)
 
     def _progress(self, record: ComputeRecord) -> None:
         if not record.sampled:
