@@ -59,7 +59,8 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.trace import Link, SpanKind, StatusCode
 
-__all__ = ["EncodedSpans", "encode_chunks", "encode_spans_fast", "group_spans", "new_memo", "origin", "span_entry"]
+__all__ = ["EncodedSpans", "child_entry", "encode_chunks", "encode_spans_fast", "encoded_attribute", "encoded_attributes",
+           "group_spans", "new_memo", "origin", "span_entry"]
 
 _logger = logging.getLogger(__name__)
 
@@ -269,35 +270,8 @@ def span_entry(context: Any, parent: Any, name: str, kind: SpanKind, start: int 
                status: Any, memo: _Memo, dropped_attributes: int = 0, dropped_events: int = 0,
                dropped_links: int = 0) -> bytes:
     """A span's ``ScopeSpans.spans`` entry from its parts. The hot path: flat, locals for repeated reads."""
-    trace_id, trace = memo.trace
-    if trace_id != context.trace_id:
-        trace_id = context.trace_id
-        trace = _TRACE_ID + b"\x10" + trace_id.to_bytes(16, "big")
-        memo.trace = (trace_id, trace)
-    parts = [trace, _SPAN_ID + b"\x08" + context.span_id.to_bytes(8, "big"),
-             _INTERNAL if kind is SpanKind.INTERNAL else _KINDS[kind]]  # SpanKind's hash is Python code
-    if parent:
-        last, fields = memo.parent
-        if parent is not last:
-            fields = _PARENT_SPAN_ID + b"\x08" + parent.span_id.to_bytes(8, "big") + _SPAN_FLAGS[bool(parent.is_remote)]
-            memo.parent = (parent, fields)
-        parts.append(fields)
-    else:
-        parts.append(_SPAN_FLAGS[False])
-    trace_state = context.trace_state
-    if trace_state:
-        parts.append(_field(_TRACE_STATE, ",".join([f"{k}={v}" for k, v in trace_state.items()]).encode()))
-    if name:
-        field = memo.names.get(name) if type(name) is str else None
-        if field is None:
-            field = _field(_NAME, name.encode() if type(name) is str else _utf8(name))
-            if type(name) is str:
-                memo.names[name] = field
-        parts.append(field)
-    if start:
-        parts.append(_START + _U64(start))
-    if end:
-        parts.append(_END + _U64(end))
+    parts = _opening(context.trace_id, context.span_id, _INTERNAL if kind is SpanKind.INTERNAL else _KINDS[kind],
+                     parent, context.trace_state, name, start, end, memo)  # SpanKind's hash is Python code
     parts.append(_attributes(_ATTRIBUTES, attributes, memo))
     for event in events:
         parts.append(_event(event, memo))
@@ -317,6 +291,57 @@ def span_entry(context: Any, parent: Any, name: str, kind: SpanKind, start: int 
     if dropped_links:
         parts.append(_DROPPED_LINKS + _varint(dropped_links))
     return _field(_SS_SPANS, b"".join(parts))
+
+
+def _opening(trace_id: int, span_id: int, kind: bytes, parent: Any, trace_state: Any, name: str,
+             start: int | None, end: int | None, memo: _Memo) -> list[bytes]:
+    """A span entry's fields before its attributes: ids, kind, parent, trace state, name, times."""
+    last_trace, trace = memo.trace
+    if last_trace != trace_id:
+        trace = _TRACE_ID + b"\x10" + trace_id.to_bytes(16, "big")
+        memo.trace = (trace_id, trace)
+    parts = [trace, _SPAN_ID + b"\x08" + span_id.to_bytes(8, "big"), kind]
+    if parent:
+        last, fields = memo.parent
+        if parent is not last:
+            fields = _PARENT_SPAN_ID + b"\x08" + parent.span_id.to_bytes(8, "big") + _SPAN_FLAGS[bool(parent.is_remote)]
+            memo.parent = (parent, fields)
+        parts.append(fields)
+    else:
+        parts.append(_SPAN_FLAGS[False])
+    if trace_state:
+        parts.append(_field(_TRACE_STATE, ",".join([f"{k}={v}" for k, v in trace_state.items()]).encode()))
+    if name:
+        field = memo.names.get(name) if type(name) is str else None
+        if field is None:
+            field = _field(_NAME, name.encode() if type(name) is str else _utf8(name))
+            if type(name) is str:
+                memo.names[name] = field
+        parts.append(field)
+    if start:
+        parts.append(_START + _U64(start))
+    if end:
+        parts.append(_END + _U64(end))
+    return parts
+
+
+def child_entry(parent: Any, span_id: int, name: str, start: int, end: int, attributes: bytes, memo: _Memo) -> bytes:
+    """:func:`span_entry` of an INTERNAL span in ``parent``'s trace (its flags and trace state), with
+    status UNSET, no events or links, and its attributes given encoded (:func:`encoded_attributes`)."""
+    parts = _opening(parent.trace_id, span_id, _INTERNAL, parent, parent.trace_state, name, start, end, memo)
+    parts.append(attributes)
+    parts.append(_EMPTY_STATUS)
+    return _field(_SS_SPANS, b"".join(parts))
+
+
+def encoded_attributes(attributes: Mapping[str, Any], memo: _Memo) -> bytes:
+    """``attributes`` as a span's attribute fields; a pair that cannot be encoded is logged and left out."""
+    return _attributes(_ATTRIBUTES, attributes, memo)
+
+
+def encoded_attribute(name: str, value: Any, memo: _Memo) -> bytes:
+    """One attribute as a span's attribute field, not remembered; raises if it cannot be encoded."""
+    return _attribute(_ATTRIBUTES, name, value, memo.heads)
 
 
 # -- spans encoded as they end ------------------------------------------------

@@ -33,7 +33,7 @@ from __future__ import annotations
 import random
 from functools import lru_cache
 from itertools import islice
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dask._task_spec import NestedContainer, Task, _execute_subgraph, _identity_cast
@@ -146,11 +146,11 @@ def task_attributes(ev: TaskEvent, prefix: str, graph: Mapping | None, state: Ma
     if state is not None:
         deps = state["dependencies"].get(ev.key, ())
         attributes["dask.task.dependency_count"] = len(deps)
+        attributes["dask.task.dependent_count"] = len(state["dependents"].get(ev.key, ()))
         if deps:
             # Past the bound, name a bounded sample rather than render 10^4 keys per span.
             shown = deps if len(deps) <= MAX_DEPENDENCIES else islice(deps, MAX_DEPENDENCIES)
             attributes["dask.task.dependencies"] = tuple(sorted(map(key_text, shown)))
-        attributes["dask.task.dependent_count"] = len(state["dependents"].get(ev.key, ()))
     if graph is not None:
         functions = function_names(graph.get(ev.key))
         if functions:
@@ -278,8 +278,8 @@ class DirectEmitter:
                              and all(getattr(p, "never_blocks", False) for p in current))
         return self._checked[1]
 
-    def _encoder(self) -> tuple[Any, Any, Any, int] | None:
-        """(processors, span_entry, memo, origin) while every processor takes encoded spans, else None.
+    def _encoder(self) -> tuple[Any, _Encoding] | None:
+        """(processors, what encodes for them) while every processor takes encoded spans, else None.
         Asked per span (a cluster's ledger may start reading delivered spans), answered from
         the last answer while the provider's processors are the same."""
         current = self._processors_behind(self._processor) if self._processor is not None else None
@@ -287,16 +287,45 @@ class DirectEmitter:
         if current is None or current is not known:
             parts = None
             if current and all(getattr(p, "takes_encoded", False) for p in current):
-                from otel_graph.otlp_fast import new_memo, origin, span_entry
-
-                parts = (span_entry, new_memo(), origin(self._resource, self._scope))
+                parts = _Encoding(self._resource, self._scope)
             self._encoding = (current, parts)
         if parts is None:
             return None
         for processor in current:
             if not processor.takes_encoded:
                 return None
-        return (current, *parts)
+        return current, parts
+
+    def encoded_child(self, parent: trace.Span, name: str, start_ns: int, end_ns: int,
+                      attributes: Callable[..., bytes], *args: Any) -> bool:
+        """A child of ``parent`` (status UNSET, no events), its attributes encoded by
+        ``attributes(*args, memo)`` with :mod:`otel_graph.otlp_fast`'s encoders, queued encoded:
+        no attribute dict, no span context, no ``ReadableSpan`` made. False, having done nothing,
+        where spans are not encoded as they end or ``attributes`` raised: then :meth:`emit` it."""
+        if self._limits is not None:
+            return False
+        encoding = self._encoder()
+        if encoding is None:
+            return False
+        processors, parts = encoding
+        last, parent_context = self._parent
+        if parent is not last:
+            parent_context = parent.get_span_context()
+            self._parent = (parent, parent_context)
+        memo = parts.memo
+        try:
+            entry = parts.child_entry(parent_context, self._random.getrandbits(64) or 1, name, start_ns, end_ns,
+                                      attributes(*args, memo), memo)
+        except Exception:  # noqa: BLE001 - the generic path logs the attribute and leaves it out
+            return False
+        self._queue_encoded(processors, parts, (entry, parts.origin))
+        return True
+
+    def _queue_encoded(self, processors: Any, parts: _Encoding, encoded: tuple[bytes, int]) -> None:
+        if len(parts.memo.pairs) > _MEMO_PAIRS:
+            self._encoding = (None, None)  # a new memo: task keys would grow it without end
+        for processor in processors:
+            processor.on_end_encoded(encoded)
 
     def hand_over(self, *, name: str, context: Any, parent: Any, start_ns: int, end_ns: int,
                   attributes: dict[str, Any], events: tuple[Any, ...], status: Status) -> None:
@@ -315,17 +344,14 @@ class DirectEmitter:
         else:
             encoding = self._encoder()
             if encoding is not None:
-                processors, entry, memo, origin = encoding
+                processors, parts = encoding
                 try:
-                    encoded = (entry(context, parent, name, SpanKind.INTERNAL, start_ns, end_ns, attributes, events,
-                                     (), status, memo), origin)
+                    encoded = (parts.span_entry(context, parent, name, SpanKind.INTERNAL, start_ns, end_ns, attributes,
+                                                events, (), status, parts.memo), parts.origin)
                 except Exception:  # noqa: BLE001 - as a ReadableSpan, the exporter refuses it alone
                     encoded = None
                 if encoded is not None:
-                    if len(memo.pairs) > _MEMO_PAIRS:
-                        self._encoding = (None, None)  # a new memo: task keys would grow it without end
-                    for processor in processors:
-                        processor.on_end_encoded(encoded)
+                    self._queue_encoded(processors, parts, encoded)
                     return
         self._processor.on_end(self._readable(
             name=name, context=context, parent=parent, resource=self._resource,
@@ -336,6 +362,20 @@ class DirectEmitter:
 
 #: (key, value) pairs the encoder of spans as they end remembers, at most (about 1 MB).
 _MEMO_PAIRS = 4096
+
+
+class _Encoding:
+    """What encodes spans as they end, for one set of processors: the encoders, their memo,
+    and the number of the spans' (resource, scope)."""
+
+    __slots__ = ("span_entry", "child_entry", "memo", "origin")
+
+    def __init__(self, resource: Any, scope: Any) -> None:
+        from otel_graph.otlp_fast import child_entry, new_memo, origin, span_entry
+
+        self.span_entry, self.child_entry = span_entry, child_entry
+        self.memo = new_memo()
+        self.origin = origin(resource, scope)
 
 
 #: More than any span otel_graph makes carries: limits at or above it change nothing.

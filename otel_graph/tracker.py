@@ -49,6 +49,7 @@ from otel_graph.spans import (
     task_attributes,
 )
 from otel_graph.task_context import TaskParent
+from otel_graph.task_encoding import TaskAttributeEncoder
 
 logger = logging.getLogger("otel_graph")
 
@@ -184,6 +185,10 @@ class Tracker:
             self._tracer_enabled = tracer_enabled
         #: The computes being drained inline: a flush waits for those begun before it.
         self._inline: set[ComputeRecord] = set()
+        # A successful task's span is encoded straight from its record where the emitter can
+        # (otel_graph.task_encoding): no attribute dict, no span context.
+        self._encoded_child = getattr(emitter, "encoded_child", None)
+        self._task_encoder = TaskAttributeEncoder()
         self._metrics = metrics
         self._budget = max_task_spans
         #: A compute of at most this many tasks is drained whole, a span each (see _drain_whole):
@@ -590,11 +595,15 @@ class Tracker:
             if self._halt:
                 return  # counted as unbuilt
             record.in_spans += 1
+            name = self._metrics.span_name(prefix)
             try:
-                self._emitter.emit(
-                    parent=record.span, name=self._metrics.span_name(prefix), start_ns=ev.start_ns, end_ns=ev.end_ns,
-                    attributes=task_attributes(ev, prefix, record.graph, record.state), error=ev.error, **extra,
-                )
+                if extra is _NO_EXTRA and ev.error is None and self._encoded_child is not None \
+                        and self._encoded_child(record.span, name, ev.start_ns, ev.end_ns, self._task_encoder, ev,
+                                                prefix, record.graph, record.state):
+                    return
+                self._emitter.emit(parent=record.span, name=name, start_ns=ev.start_ns, end_ns=ev.end_ns,
+                                   attributes=task_attributes(ev, prefix, record.graph, record.state), error=ev.error,
+                                   **extra)
             except Exception as exc:  # one span must not cost the rest of its compute
                 self._span_failed(exc)
 

@@ -1,0 +1,89 @@
+"""A successful task's span attributes, encoded straight from its record.
+
+:func:`otel_graph.spans.task_attributes` builds a dict per task span, which the encoder
+then walks pair by pair (:mod:`otel_graph.otlp_fast`). Where spans are encoded as they
+end, :class:`TaskAttributeEncoder` writes the same attributes as OTLP bytes without the
+dict, reusing whole the runs of fields that repeat from span to span:
+
+* where the task ran and what it returned: prefix, worker, thread, result type;
+* its result's size;
+* its dependency and dependent counts;
+* its functions' names.
+
+Only the key, and the dependencies' keys, are encoded afresh. The bytes are the ones the
+generic path writes for the same span, field for field and in the same order
+(``tests/test_task_encoding.py``), so a span reads the same whichever path made it. A
+failed task, whose span carries an exception event and an error status, takes the
+generic path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from itertools import islice
+from typing import Any
+
+from otel_graph.events import INT64_MAX
+from otel_graph.otlp_fast import encoded_attribute, encoded_attributes
+from otel_graph.spans import MAX_DEPENDENCIES, _type_text, _worker_id, function_names, key_text
+
+#: Entries each cache keeps at most; past it, it starts again empty.
+_CACHE_ENTRIES = 4096
+
+
+class TaskAttributeEncoder:
+    """``task_attributes(ev, prefix, graph, state)`` of a task that succeeded, as encoded fields.
+
+    Safe to call from several threads: each cache is a dict read and written whole, and an
+    entry two threads make at once is made the same by both.
+    """
+
+    def __init__(self) -> None:
+        self._where: dict[tuple[Any, ...], bytes] = {}
+        self._sizes: dict[int, bytes] = {}
+        self._counts: dict[tuple[int, int], bytes] = {}
+        self._functions: dict[str, bytes] = {}
+
+    def __call__(self, ev: Any, prefix: str, graph: Mapping | None, state: Mapping | None, memo: Any) -> bytes:
+        """Raises where a field cannot be encoded: the generic path then logs and leaves it out."""
+        key = ev.key
+        parts = [encoded_attribute("dask.task.key", key_text(key), memo)]
+        where = self._where.get((prefix, ev.worker, ev.thread, ev.type_name))
+        if where is None:
+            where = _remember(self._where, (prefix, ev.worker, ev.thread, ev.type_name), encoded_attributes({
+                "dask.task.prefix": prefix, "dask.worker.id": _worker_id(ev.worker), "thread.id": ev.thread,
+                "dask.task.type": _type_text(ev.type_name)}, memo))
+        parts.append(where)
+        nbytes = ev.nbytes
+        if 0 <= nbytes <= INT64_MAX:
+            size = self._sizes.get(nbytes)
+            if size is None:
+                size = _remember(self._sizes, nbytes, encoded_attribute("dask.task.nbytes", nbytes, memo))
+            parts.append(size)
+        if state is not None:
+            deps = state["dependencies"].get(key, ())
+            counted = (len(deps), len(state["dependents"].get(key, ())))
+            counts = self._counts.get(counted)
+            if counts is None:
+                counts = _remember(self._counts, counted, encoded_attributes({
+                    "dask.task.dependency_count": counted[0], "dask.task.dependent_count": counted[1]}, memo))
+            parts.append(counts)
+            if deps:
+                shown = deps if len(deps) <= MAX_DEPENDENCIES else islice(deps, MAX_DEPENDENCIES)
+                parts.append(encoded_attribute("dask.task.dependencies", tuple(sorted(map(key_text, shown))), memo))
+        if graph is not None:
+            functions = function_names(graph.get(key))
+            if functions:
+                named = self._functions.get(functions)
+                if named is None:
+                    named = _remember(self._functions, functions,
+                                      encoded_attribute("code.function.name", functions, memo))
+                parts.append(named)
+        return b"".join(parts)
+
+
+def _remember(cache: dict, key: Any, value: bytes) -> bytes:
+    if len(cache) >= _CACHE_ENTRIES:
+        cache.clear()
+    cache[key] = value
+    return value

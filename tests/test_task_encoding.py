@@ -1,0 +1,126 @@
+"""Task spans encoded straight from their records equal the generic path's spans.
+
+Where spans are encoded as they end, a successful task's span skips the attribute dict
+(otel_graph.task_encoding). Whatever the task (its key's shape, result size, dependencies,
+fused functions, a parent with trace state), the request must be the stock encoder's for the
+ReadableSpan the generic path makes of the same record.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from dask._task_spec import Task, TaskRef
+from dask.local import start_state_from_dask
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
+
+from graphs import add, inc
+from otel_graph.events import TaskEvent, task_prefix
+from otel_graph.otlp_fast import encode_spans_fast
+from otel_graph.spans import DirectEmitter, task_attributes
+from otel_graph.task_encoding import TaskAttributeEncoder
+
+RESOURCE = Resource({"service.name": "encoding-test"})
+SCOPE = InstrumentationScope("otel_graph", "1")
+
+
+class Encoded:
+    """A span processor that takes spans encoded as they end, and keeps them."""
+
+    never_blocks = takes_encoded = True
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[bytes, int]] = []
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None: ...
+
+    def on_end(self, span: Any) -> None:
+        raise AssertionError(f"{span.name} was not encoded as it ended")
+
+    def on_end_encoded(self, span: tuple[bytes, int]) -> None:
+        self.spans.append(span)
+
+    def shutdown(self) -> None: ...
+
+    def force_flush(self, timeout_millis: int = 0) -> bool:
+        return True
+
+
+def _graph() -> dict:
+    """A graph with a task of many dependencies, fused functions, and keys of every shape."""
+    graph: dict[Any, Any] = {f"leaf-{i}": Task(f"leaf-{i}", inc, i) for i in range(40)}
+    graph[("sum-ab12", 0)] = Task(("sum-ab12", 0), sum, [TaskRef(f"leaf-{i}") for i in range(40)])
+    graph["fused-cd34"] = Task("fused-cd34", inc, Task("inner", add, TaskRef("leaf-0"), 1))
+    graph["ünï-ef56"] = Task("ünï-ef56", inc, TaskRef(("sum-ab12", 0)))
+    graph[b"raw-\xff"] = Task(b"raw-\xff", inc, 1)
+    graph["x" * 300] = Task("x" * 300, inc, 2)
+    return graph
+
+
+def _events(graph: dict) -> list[TaskEvent]:
+    sizes = [28, -1, 0, 2**63, 2**40, 28]  # unknown, and past int64: no nbytes attribute
+    types = ["int", "NoneType", "ndarray", "weird \udcff", "list", "int"]
+    return [TaskEvent(key, 1_000 + i, 2_000 + i, 140_000 + i % 2 if i % 3 else f"tcp://10.0.0.{i % 4}:8786",
+                      7 + i % 2, sizes[i % len(sizes)], types[i % len(types)], None)
+            for i, key in enumerate(graph)]
+
+
+@pytest.mark.parametrize("trace_state", [None, TraceState([("vendor", "on")])])
+@pytest.mark.parametrize("with_state", [True, False])
+def test_task_spans_encoded_from_records_equal_stock(trace_state: TraceState | None, with_state: bool) -> None:
+    graph = _graph()
+    state = start_state_from_dask(graph, cache={}) if with_state else None
+    parent = NonRecordingSpan(SpanContext(0xFEED, 0xBEEF, False, TraceFlags(1), trace_state))
+    events = _events(graph) * 2  # again, from the caches
+
+    generic = TracerProvider(resource=RESOURCE)
+    finished = InMemorySpanExporter()
+    generic.add_span_processor(SimpleSpanProcessor(finished))
+    direct = DirectEmitter(generic, SCOPE)
+    direct._random.seed(5)
+    for ev in events:
+        prefix = task_prefix(ev.key)
+        direct.emit(parent=parent, name=prefix, start_ns=ev.start_ns, end_ns=ev.end_ns,
+                    attributes=task_attributes(ev, prefix, graph if with_state else None, state))
+
+    fast = TracerProvider(resource=RESOURCE)
+    encoded = Encoded()
+    fast.add_span_processor(encoded)
+    emitter = DirectEmitter(fast, SCOPE)
+    emitter._random.seed(5)
+    encoder = TaskAttributeEncoder()
+    for ev in events:
+        prefix = task_prefix(ev.key)
+        assert emitter.encoded_child(parent, prefix, ev.start_ns, ev.end_ns, encoder, ev, prefix,
+                                     graph if with_state else None, state)
+
+    expected = encode_spans(finished.get_finished_spans())
+    assert len(encoded.spans) == len(events)
+    assert encode_spans_fast(encoded.spans) == expected
+    named = {kv.key for span in expected.resource_spans[0].scope_spans[0].spans for kv in span.attributes}
+    assert ("dask.task.dependencies" in named) is with_state  # the cases covered are there
+    assert ("code.function.name" in named) is with_state
+
+
+def test_a_key_the_encoder_refuses_takes_the_generic_path() -> None:
+    """A key that is not valid text leaves the span to the generic path (which logs and drops
+    that attribute), having queued nothing."""
+    provider = TracerProvider(resource=RESOURCE)
+    encoded = Encoded()
+    provider.add_span_processor(encoded)
+    emitter = DirectEmitter(provider, SCOPE)
+    parent = NonRecordingSpan(SpanContext(1, 2, False, TraceFlags(1)))
+    ev = TaskEvent("bad-\udcff", 1, 2, 3, 3, 8, "int", None)
+
+    def refuse(*args: Any) -> bytes:
+        raise ValueError("cannot")
+
+    assert not emitter.encoded_child(parent, "bad", 1, 2, refuse, ev)
+    assert encoded.spans == []
