@@ -15,7 +15,8 @@ process's first ``metrics.MAX_METRIC_PREFIXES`` prefixes, spans are named
 ``dask.task.dependencies``     dependency keys, at most :data:`MAX_DEPENDENCIES`
 ``dask.task.dependency_count`` all dependencies, even past that bound
 ``dask.task.dependent_count``  tasks that consume this one's result
-``code.function.name``         the function; for fused tasks the inner ones, ``, ``-joined
+``code.function.name``         the function; for fused tasks and ``toolz.compose`` the inner ones,
+                               innermost first, ``, ``-joined
 ``error.type``                 failed tasks only, with an ``exception`` event and ERROR status
 =============================  =====================================================
 
@@ -31,13 +32,14 @@ Emitters (each returns the new span's context, for children such as a task's pha
 from __future__ import annotations
 
 import random
-from functools import lru_cache
+from functools import lru_cache, partial
 from itertools import islice
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dask._task_spec import NestedContainer, Task, _execute_subgraph, _identity_cast
 from dask.utils import funcname
+from toolz.functoolz import Compose
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
@@ -72,6 +74,8 @@ class _FunctionNames:
     def _name(self, func: Any) -> str:
         # Keyed by the code's identity as text, never by the callable: a bound method or a
         # closure in the cache would keep the user's objects (a model, a dataset) alive.
+        while type(func) is partial:  # funcname names a partial by its function: so is it cached
+            func = func.func
         module, qualname = getattr(func, "__module__", None), getattr(func, "__qualname__", None)
         if not (isinstance(module, str) and isinstance(qualname, str)):
             return safe_text(funcname(func))
@@ -99,8 +103,13 @@ class _FunctionNames:
                     self._visit(arg, names, depth + 1)
             # Containers (a List node, or the plain Task that builds one) are structure, not code.
             if not isinstance(value, NestedContainer) and value.func is not _identity_cast:
+                func = value.func
                 try:
-                    names.append(self._name(value.func))
+                    if type(func) is Compose:  # toolz.compose (Dask's reductions): the functions it chains
+                        for inner in (func.first, *func.funcs)[:MAX_FUNCTION_NAMES - len(names)]:
+                            names.append(self._name(inner))
+                    else:
+                        names.append(self._name(func))
                 except Exception:
                     return
         elif isinstance(value, (list, tuple)):

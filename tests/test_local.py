@@ -75,6 +75,19 @@ def test_fused_tasks_name_their_inner_functions(telemetry):
     assert fused and fused[0].attributes["code.function.name"] == "inc, add"
 
 
+def test_composed_and_partial_functions_are_named_by_what_they_call(telemetry):
+    """Dask's reductions run toolz.compose of partials: the span names the functions, innermost first."""
+    from functools import partial
+
+    from toolz import compose
+
+    graph = {"a": 1, "b": (compose(partial(add, 10), inc), "a"), "c": (partial(inc), "b")}
+    assert dask.get(graph, "c") == 13
+    named = {s.attributes["dask.task.key"]: s.attributes.get("code.function.name") for s in telemetry.spans()
+             if s.name != "dask.compute"}
+    assert named == {"b": "inc, add", "c": "inc"}
+
+
 def test_processes_report_the_worker_pid(telemetry):
     import os
 
