@@ -59,7 +59,9 @@ _FLAGS = {(sampled, random): TraceFlags((TraceFlags.SAMPLED if sampled else Trac
 
 
 def start_compute_span(emitter: Any, name: str, *, start_ns: int, attributes: dict[str, Any]) -> trace.Span:
-    """A root span under the current context's span, as ``tracer.start_span`` would make it."""
+    """A root span under the current context's span, as ``tracer.start_span`` would make it.
+
+    ``attributes`` are the span's, taken as they are: pass a dict of its own."""
     context = otel_context.get_current()
     parent = trace.get_current_span(context).get_span_context()
     if not parent.is_valid:
@@ -70,14 +72,18 @@ def start_compute_span(emitter: Any, name: str, *, start_ns: int, attributes: di
         random = bool(getattr(ids, "is_trace_id_random", bool)())
     else:
         trace_id, random = parent.trace_id, bool(getattr(parent.trace_flags, "random_trace_id", False))
-    sampled = emitter.sampler.should_sample(context, trace_id, name, SpanKind.INTERNAL, attributes, ())
-    decision = sampled.decision
+    if emitter.follows_parent:  # the SDK's default sampler, decided as it decides
+        sampled = recording = parent is None or parent.trace_flags.sampled
+        trace_state = None if parent is None else parent.trace_state
+    else:
+        decision = emitter.sampler.should_sample(context, trace_id, name, SpanKind.INTERNAL, attributes, ())
+        sampled, recording = decision.decision.is_sampled(), decision.decision.is_recording()
+        trace_state, attributes = decision.trace_state, dict(decision.attributes or {})
     span_context = SpanContext(trace_id, ids.generate_span_id(), is_remote=False,
-                               trace_flags=_FLAGS[decision.is_sampled(), random and bool(_RANDOM)],
-                               trace_state=sampled.trace_state)
-    if not decision.is_recording():
+                               trace_flags=_FLAGS[sampled, random and bool(_RANDOM)], trace_state=trace_state)
+    if not recording:
         return NonRecordingSpan(span_context)
-    return ComputeSpan(emitter, name, span_context, parent, start_ns, dict(sampled.attributes or {}))
+    return ComputeSpan(emitter, name, span_context, parent, start_ns, attributes)
 
 
 class ComputeSpan(trace.Span):

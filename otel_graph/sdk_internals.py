@@ -15,6 +15,8 @@ its ``_span_processors``                     tells otel_graph's processors from 
                                              (small computes drained inline)              drains every compute
 ``Tracer._is_enabled``                       a disabled tracer's computes take            (none: no configurator,
                                              ``start_span`` (otel_graph.compute_span)     every tracer enabled)
+``ParentBased``'s delegates (``_root``...)   the default sampler's decision for a         the sampler is asked
+                                             compute's root span, without asking it
 gRPC ``OTLPSpanExporter._translate_data``    encodes with :mod:`otel_graph.otlp_fast`     the stock encoder
 HTTP ``OTLPSpanExporter._shutdown``,         sends the fast encoding's bytes              the stock exporter
 ``_metrics``, ``_max_request_size``,         (:class:`_FastHttpSpanExporter`)
@@ -92,6 +94,22 @@ def tracer_enabled(tracer: Any) -> bool:
     recording spans); True where the SDK has no configurator."""
     enabled = getattr(tracer, "_is_enabled", None)
     return True if enabled is None else bool(enabled())
+
+
+_DEFAULT_DELEGATES = ("_root", "_remote_parent_sampled", "_remote_parent_not_sampled", "_local_parent_sampled",
+                      "_local_parent_not_sampled")
+
+
+def follows_parent(sampler: Any) -> bool:
+    """Whether ``sampler`` is the SDK's default, ``ParentBased(ALWAYS_ON)`` with the default
+    delegates: a span is then sampled exactly when its parent is, or when it has none, and
+    takes its parent's trace state. False for any other sampler (it is then asked)."""
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased
+
+    if type(sampler) is not ParentBased:
+        return False
+    delegates = [getattr(sampler, name, None) for name in _DEFAULT_DELEGATES]
+    return all(a is b for a, b in zip(delegates, (ALWAYS_ON, ALWAYS_ON, ALWAYS_OFF, ALWAYS_ON, ALWAYS_OFF)))
 
 
 # -- metric exporters -----------------------------------------------------------------------

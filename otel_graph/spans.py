@@ -238,7 +238,7 @@ class DirectEmitter:
         from opentelemetry.sdk.trace import Event, ReadableSpan
         from opentelemetry.trace import SpanContext
 
-        from otel_graph.sdk_internals import processors_behind, span_processor
+        from otel_graph.sdk_internals import follows_parent, processors_behind, span_processor
 
         self._processor = span_processor(provider)
         self._processors_behind = processors_behind
@@ -249,6 +249,8 @@ class DirectEmitter:
         self.event = Event
         #: What a root span is made with (otel_graph.compute_span), as the provider's tracer would.
         self.sampler, self.id_generator = provider.sampler, provider.id_generator
+        #: The sampler is the SDK's default: a root span's decision needs no call to it.
+        self.follows_parent = follows_parent(provider.sampler)
         self._checked: tuple[Any, bool] = (None, False)
         self._encoding: tuple[Any, Any] = (None, None)  # (processors, the encoder's parts or None)
         self._span_context = SpanContext

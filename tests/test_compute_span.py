@@ -6,6 +6,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+from opentelemetry import context, trace
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
+
 from test_exporters_env import otlp_env, receiver  # noqa: F401
 
 APP = r"""
@@ -132,3 +136,52 @@ def test_a_processor_the_application_adds_sees_the_compute_span_start_and_end(tm
     lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines())
     assert lines["STARTED"] == "dask.compute"
     assert lines["ENDED"] == "dask.compute,sum"
+
+
+PARENTS = {
+    "none": None,
+    "local sampled": SpanContext(7, 8, False, TraceFlags(1), TraceState([("k", "v")])),
+    "local unsampled": SpanContext(7, 8, False, TraceFlags(0)),
+    "remote sampled": SpanContext(7, 8, True, TraceFlags(1), TraceState([("k", "v")])),
+    "remote unsampled": SpanContext(7, 8, True, TraceFlags(0), TraceState([("k", "v")])),
+}
+
+
+@pytest.mark.parametrize("parent", list(PARENTS))
+def test_the_default_samplers_decision_is_made_as_it_makes_it(parent: str) -> None:
+    """With the SDK's default sampler, a root span is decided without asking it: the same
+    decision, flags and trace state as asking it."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+    from otel_graph.compute_span import start_compute_span
+    from otel_graph.spans import DirectEmitter
+
+    emitter = DirectEmitter(TracerProvider(), InstrumentationScope("test"))
+    assert emitter.follows_parent
+    made = []
+    token = context.attach(trace.set_span_in_context(NonRecordingSpan(PARENTS[parent])) if PARENTS[parent]
+                           else context.Context())
+    try:
+        for follows in (True, False):
+            emitter.follows_parent = follows
+            span = start_compute_span(emitter, "dask.compute", start_ns=1, attributes={"dask.scheduler": "sync"})
+            made.append(span)
+    finally:
+        context.detach(token)
+    fast, asked = (s.get_span_context() for s in made)
+    assert (fast.trace_flags, fast.trace_state, made[0].is_recording()) == \
+        (asked.trace_flags, asked.trace_state, made[1].is_recording())
+    assert made[0].is_recording() == (parent in ("none", "local sampled", "remote sampled"))
+    if PARENTS[parent] is not None:
+        assert fast.trace_id == asked.trace_id == 7
+
+
+def test_other_samplers_are_asked() -> None:
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, DEFAULT_ON, ParentBased, TraceIdRatioBased
+
+    from otel_graph.sdk_internals import follows_parent
+
+    assert follows_parent(DEFAULT_ON) and follows_parent(ParentBased(ALWAYS_ON))
+    assert not any(follows_parent(s) for s in (ALWAYS_ON, ParentBased(ALWAYS_OFF), TraceIdRatioBased(0.5),
+                                               ParentBased(ALWAYS_ON, remote_parent_not_sampled=ALWAYS_ON)))
