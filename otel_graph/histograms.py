@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,6 +75,7 @@ class HistogramSet:
         self._scope = scope
         self._lock = threading.Lock()
         self._histograms: list[PreAggregatedHistogram] = []
+        self._folds: list[Callable[[], None]] = []
         self._start_ns = time.time_ns()
         #: Per consumer (each exporter exports on its own: deltas are from its own last export):
         #: when it last collected, and what it was given then.
@@ -86,6 +87,10 @@ class HistogramSet:
         """Held by the recording thread for a whole batch, and by collection."""
         return self._lock
 
+    def folds(self, fold: Callable[[], None]) -> None:
+        """Call ``fold`` under the lock before each collection: it adds what its recorder kept back."""
+        self._folds.append(fold)
+
     def add(self, histogram: PreAggregatedHistogram) -> PreAggregatedHistogram:
         self._histograms.append(histogram)
         return histogram
@@ -95,6 +100,8 @@ class HistogramSet:
         delta = temporality == AggregationTemporality.DELTA
         out = []
         with self._lock:
+            for fold in self._folds:
+                fold()
             last = self._last_ns.get(consumer, self._start_ns)
             exported = self._exported.setdefault(consumer, {})
             for histogram in self._histograms:
