@@ -308,17 +308,19 @@ class DirectEmitter:
         return current, parts
 
     def encoded_child(self, parent: trace.Span, name: str, start_ns: int, end_ns: int,
-                      attributes: Callable[..., bytes], *args: Any) -> bool:
+                      attributes: Callable[..., bytes], *args: Any, into: EncodedBatch | None = None) -> bool:
         """A child of ``parent`` (status UNSET, no events), its attributes encoded by
-        ``attributes(*args, memo)`` with :mod:`otel_graph.otlp_fast`'s encoders, queued encoded:
-        no attribute dict, no span context, no ``ReadableSpan`` made. False, having done nothing,
-        where spans are not encoded as they end or ``attributes`` raised: then :meth:`emit` it."""
-        if self._limits is not None:
-            return False
-        encoding = self._encoder()
-        if encoding is None:
-            return False
-        processors, parts = encoding
+        ``attributes(*args, memo)`` with :mod:`otel_graph.otlp_fast`'s encoders, queued encoded
+        (or kept in ``into``, an :meth:`encoded_batch`, queued with it): no attribute dict, no
+        span context, no ``ReadableSpan`` made. False, having done nothing, where spans are not
+        encoded as they end or ``attributes`` raised: then :meth:`emit` it."""
+        if into is not None:
+            processors, parts = into.processors, into.parts
+        else:
+            encoding = None if self._limits is not None else self._encoder()
+            if encoding is None:
+                return False
+            processors, parts = encoding
         last, parent_context = self._parent
         if parent is not last:
             parent_context = parent.get_span_context()
@@ -329,14 +331,26 @@ class DirectEmitter:
                                       attributes(*args, memo), memo)
         except Exception:  # noqa: BLE001 - the generic path logs the attribute and leaves it out
             return False
-        self._queue_encoded(processors, parts, (entry, parts.origin))
+        if into is not None:
+            into.append((entry, parts.origin))
+        else:
+            self._queue_encoded(processors, parts, (entry, parts.origin))
         return True
 
+    def encoded_batch(self) -> EncodedBatch | None:
+        """Somewhere to keep spans :meth:`encoded_child` encodes, to queue them together
+        (:meth:`EncodedBatch.queue`); None where spans are not encoded as they end."""
+        encoding = None if self._limits is not None else self._encoder()
+        return None if encoding is None else EncodedBatch(self, *encoding)
+
     def _queue_encoded(self, processors: Any, parts: _Encoding, encoded: tuple[bytes, int]) -> None:
-        if len(parts.memo.pairs) > _MEMO_PAIRS:
-            self._encoding = (None, None)  # a new memo: task keys would grow it without end
+        self._bound_memo(parts)
         for processor in processors:
             processor.on_end_encoded(encoded)
+
+    def _bound_memo(self, parts: _Encoding) -> None:
+        if len(parts.memo.pairs) > _MEMO_PAIRS:
+            self._encoding = (None, None)  # a new memo: task keys would grow it without end
 
     def hand_over(self, *, name: str, context: Any, parent: Any, start_ns: int, end_ns: int,
                   attributes: dict[str, Any], events: tuple[Any, ...], status: Status) -> None:
@@ -373,6 +387,24 @@ class DirectEmitter:
 
 #: (key, value) pairs the encoder of spans as they end remembers, at most (about 1 MB).
 _MEMO_PAIRS = 4096
+
+
+class EncodedBatch(list):  # type: ignore[type-arg]
+    """Spans encoded as they ended, ``(entry, origin)``, for the processors that took encoded
+    spans when it was made: :meth:`queue` hands them over with one lock round trip each."""
+
+    __slots__ = ("emitter", "processors", "parts")
+
+    def __init__(self, emitter: DirectEmitter, processors: Any, parts: _Encoding) -> None:
+        super().__init__()
+        self.emitter, self.processors, self.parts = emitter, processors, parts
+
+    def queue(self) -> None:
+        if self:
+            self.emitter._bound_memo(self.parts)
+            for processor in self.processors:
+                processor.on_end_encoded_many(self)
+            self.clear()
 
 
 class _Encoding:

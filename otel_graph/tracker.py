@@ -188,6 +188,7 @@ class Tracker:
         # A successful task's span is encoded straight from its record where the emitter can
         # (otel_graph.task_encoding): no attribute dict, no span context.
         self._encoded_child = getattr(emitter, "encoded_child", None)
+        self._encoded_batch = getattr(emitter, "encoded_batch", None)
         self._task_encoder = TaskAttributeEncoder()
         self._metrics = metrics
         self._budget = max_task_spans
@@ -561,8 +562,17 @@ class Tracker:
         if plan is not None:
             plan.add(events, prefixes)
             return
-        for ev, prefix in zip(events, prefixes):
-            self._task_span(record, ev, prefix)
+        # Queued together: one lock round trip per compute, not per span.
+        batch = self._encoded_batch() if self._encoded_batch is not None and len(events) > 1 else None
+        try:
+            for ev, prefix in zip(events, prefixes):
+                self._task_span(record, ev, prefix, batch)
+        finally:
+            if batch is not None:
+                try:
+                    batch.queue()
+                except Exception as exc:
+                    self._span_failed(exc)
 
     def _progress(self, record: ComputeRecord) -> None:
         if not record.sampled:
@@ -587,7 +597,7 @@ class Tracker:
         self._emitter.emit(parent=record.span, name=PROGRESS_SPAN, start_ns=since, end_ns=now,
                            attributes=attributes)
 
-    def _task_span(self, record: ComputeRecord, ev: TaskEvent, prefix: str) -> None:
+    def _task_span(self, record: ComputeRecord, ev: TaskEvent, prefix: str, batch: Any = None) -> None:
         ids = record.task_span_ids
         # Only a DirectEmitter gives ids out (sets_span_ids), and only it takes span_id=.
         extra = {"span_id": ids[ev.key]} if ids and ev.key in ids else _NO_EXTRA
@@ -599,7 +609,7 @@ class Tracker:
             try:
                 if extra is _NO_EXTRA and ev.error is None and self._encoded_child is not None \
                         and self._encoded_child(record.span, name, ev.start_ns, ev.end_ns, self._task_encoder, ev,
-                                                prefix, record.graph, record.state):
+                                                prefix, record.graph, record.state, into=batch):
                     return
                 self._emitter.emit(parent=record.span, name=name, start_ns=ev.start_ns, end_ns=ev.end_ns,
                                    attributes=task_attributes(ev, prefix, record.graph, record.state), error=ev.error,

@@ -561,3 +561,19 @@ def test_a_long_lived_memo_keeps_no_long_strings() -> None:
     remembered = [key[2] for key in memo.pairs]
     assert "ValueError" in remembered and "k-2" in remembered
     assert max(len(str(value)) for value in remembered) <= 64
+
+
+def test_spans_queued_together_are_counted_one_by_one() -> None:
+    """Encoded spans handed over together (a small compute's) are weighed, dropped past the
+    queue's bound and counted undelivered after shutdown each on its own."""
+    from otel_graph.pipeline import ReliableSpanProcessor
+
+    exported = InMemorySpanExporter()
+    processor = ReliableSpanProcessor(exported, max_queued=3, schedule_delay_s=60)
+    spans = [(b"x" * 10, 0) for _ in range(5)]
+    processor.on_end_encoded_many(spans[:2])
+    processor.on_end_encoded_many(spans[2:])
+    assert (len(processor._queue), processor.dropped, processor.undelivered) == (3, 2, 2)
+    processor.shutdown()
+    processor.on_end_encoded_many(spans[:2])
+    assert processor.undelivered == 2 + 2

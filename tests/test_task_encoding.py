@@ -47,6 +47,9 @@ class Encoded:
     def on_end_encoded(self, span: tuple[bytes, int]) -> None:
         self.spans.append(span)
 
+    def on_end_encoded_many(self, spans: list[tuple[bytes, int]]) -> None:
+        self.spans.extend(spans)
+
     def shutdown(self) -> None: ...
 
     def force_flush(self, timeout_millis: int = 0) -> bool:
@@ -72,9 +75,11 @@ def _events(graph: dict) -> list[TaskEvent]:
             for i, key in enumerate(graph)]
 
 
+@pytest.mark.parametrize("batched", [False, True])
 @pytest.mark.parametrize("trace_state", [None, TraceState([("vendor", "on")])])
 @pytest.mark.parametrize("with_state", [True, False])
-def test_task_spans_encoded_from_records_equal_stock(trace_state: TraceState | None, with_state: bool) -> None:
+def test_task_spans_encoded_from_records_equal_stock(trace_state: TraceState | None, with_state: bool,
+                                                     batched: bool) -> None:
     graph = _graph()
     state = start_state_from_dask(graph, cache={}) if with_state else None
     parent = NonRecordingSpan(SpanContext(0xFEED, 0xBEEF, False, TraceFlags(1), trace_state))
@@ -96,10 +101,14 @@ def test_task_spans_encoded_from_records_equal_stock(trace_state: TraceState | N
     emitter = DirectEmitter(fast, SCOPE)
     emitter._random.seed(5)
     encoder = TaskAttributeEncoder()
+    batch = emitter.encoded_batch() if batched else None
     for ev in events:
         prefix = task_prefix(ev.key)
         assert emitter.encoded_child(parent, prefix, ev.start_ns, ev.end_ns, encoder, ev, prefix,
-                                     graph if with_state else None, state)
+                                     graph if with_state else None, state, into=batch)
+    if batch is not None:
+        assert encoded.spans == []  # kept until queued, then queued at once
+        batch.queue()
 
     expected = encode_spans(finished.get_finished_spans())
     assert len(encoded.spans) == len(events)
