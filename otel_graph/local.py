@@ -36,7 +36,7 @@ from functools import partial, wraps
 from multiprocessing.pool import ThreadPool
 from typing import TYPE_CHECKING, Any, Protocol
 
-from opentelemetry import context, trace
+from opentelemetry import context
 
 from otel_graph.task_runner import execute, run_remote
 
@@ -63,9 +63,9 @@ def _run_local(record: ComputeRecord, batch: list) -> list:
     out = []
     thread = _get_ident()
     token = None
-    parent = record.parent_for(thread)
+    parent, current = record.parent_for(thread)
     if thread != record.caller:  # a pool thread: its parent in context for this batch only
-        token = context.attach(trace.set_span_in_context(parent, record.context))
+        token = context.attach(current)
     try:
         for args in batch:
             out.append(execute(*args, emit, parent))

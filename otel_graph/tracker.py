@@ -34,6 +34,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.trace import Status, StatusCode
 
 from otel_graph.compute_span import start_compute_span
@@ -101,8 +102,9 @@ class ComputeRecord:
         self.assign_ids = assign_ids
         #: The thread that called compute, and the task parent of each thread running tasks.
         self.caller = threading.get_ident()
-        self.parents: dict[int, TaskParent] = {}
-        self.context = trace.set_span_in_context(self.parent_for(self.caller))
+        parent = TaskParent(span, self.task_span_ids, assign_ids=assign_ids)
+        self.context = trace.set_span_in_context(parent)
+        self.parents: dict[int, tuple[TaskParent, Context]] = {self.caller: (parent, self.context)}
         self.sampled = span.get_span_context().trace_flags.sampled
         self.start_ns = start_ns
         self.end_ns: int | None = None
@@ -138,12 +140,14 @@ class ComputeRecord:
         """Every submitted task has its event (seen, or waiting in the sink) or was lost."""
         return self.seen + len(self.sink) + self.lost >= self.submitted
 
-    def parent_for(self, thread: int) -> TaskParent:
-        """The parent of spans started by tasks of this compute on ``thread`` (made once)."""
-        parent = self.parents.get(thread)
-        if parent is None:
-            parent = self.parents[thread] = TaskParent(self.span, self.task_span_ids, assign_ids=self.assign_ids)
-        return parent
+    def parent_for(self, thread: int) -> tuple[TaskParent, Context]:
+        """The parent of spans started by tasks of this compute on ``thread``, and the compute's
+        context with it current there (made once per thread)."""
+        found = self.parents.get(thread)
+        if found is None:
+            parent = TaskParent(self.span, self.task_span_ids, assign_ids=self.assign_ids)
+            found = self.parents[thread] = (parent, trace.set_span_in_context(parent, self.context))
+        return found
 
     def held(self) -> tuple[int, int]:
         """Results in Dask's cache right now: (count, bytes). Read from another thread.
