@@ -8,6 +8,14 @@ collects, so exporters, the collector and Prometheus see the standard histogram 
 they would have got from the SDK: same boundaries, sum, count, min and max, cumulative
 or delta as the exporter prefers.
 
+A push exporter that takes cumulative data is sent a series when it changed since the
+exporter's last collection, and otherwise once every :data:`RESEND_UNCHANGED_S`: exports
+run every second, and a session of many task prefixes re-encoded thousands of unchanged
+series each time (Dask's own test suite: 7% of a core, and the garbage those exports
+made set off more full collections). A cumulative series read later still has its whole
+count, and the collector serves its last value to Prometheus in between (the stack keeps
+a series 15 minutes). A pull reader (Prometheus) gets every series every time.
+
 An application's own MeterProvider never goes through here: there, the instruments
 of :class:`otel_graph.metrics.TaskMetrics` record through the API as usual.
 """
@@ -68,6 +76,10 @@ class PreAggregatedHistogram:
         series.high = max(series.high, max(values))
 
 
+#: How often a push exporter is sent a cumulative series that did not change (see above).
+RESEND_UNCHANGED_S = 60.0
+
+
 class HistogramSet:
     """The pre-aggregated histograms of one process, and their export-time form."""
 
@@ -96,8 +108,11 @@ class HistogramSet:
         return histogram
 
     def metrics(self, temporality: AggregationTemporality, *, consumer: Any = None) -> list[Metric]:
+        """Our histograms' points for ``consumer``: an exporter (push), or None for a pull reader."""
         now = time.time_ns()
         delta = temporality == AggregationTemporality.DELTA
+        # Unchanged series are resent after this (push, cumulative); a pull reader gets them all.
+        resend_before = now - int(RESEND_UNCHANGED_S * 1e9) if consumer is not None and not delta else None
         out = []
         with self._lock:
             for fold in self._folds:
@@ -105,8 +120,8 @@ class HistogramSet:
             last = self._last_ns.get(consumer, self._start_ns)
             exported = self._exported.setdefault(consumer, {})
             for histogram in self._histograms:
-                points = [self._point(histogram.name, attrs, series, histogram.bounds, now, delta, last, exported)
-                          for attrs, series in histogram.series.items()]
+                points = [self._point(histogram.name, attrs, series, histogram.bounds, now, delta, last, exported,
+                                      resend_before) for attrs, series in histogram.series.items()]
                 points = [p for p in points if p is not None]
                 if points:
                     out.append(Metric(name=histogram.name, description=histogram.description,
@@ -116,8 +131,13 @@ class HistogramSet:
         return out
 
     def _point(self, name: str, attrs: tuple, series: _Series, bounds: Sequence[float], now: int,
-               delta: bool, last: int, exported: dict) -> HistogramDataPoint | None:
+               delta: bool, last: int, exported: dict, resend_before: int | None) -> HistogramDataPoint | None:
         start = self._start_ns
+        if resend_before is not None:
+            sent = exported.get((name, attrs))
+            if sent is not None and sent[0] == series.count and sent[1] > resend_before:
+                return None
+            exported[(name, attrs)] = (series.count, now)
         count, total, buckets = series.count, series.total, list(series.buckets)
         if delta:
             # Delta from what the previous collection reported; min/max stay cumulative

@@ -39,3 +39,30 @@ def test_runs_recorded_since_the_last_fold_are_collected() -> None:
     again = _points(histograms, AggregationTemporality.CUMULATIVE)
     assert again[duration][0] == again[size][0] == again[compute][0] == FOLD_AT + 11
     assert again[size][1] == 28 * (FOLD_AT + 11) and again[errors] == (1, 0.001)
+
+
+def test_a_push_exporter_is_sent_unchanged_cumulative_series_only_now_and_then(monkeypatch) -> None:
+    from otel_graph import histograms as module
+
+    histograms = HistogramSet(InstrumentationScope("test"))
+    metrics = TaskMetrics(NoOpMeter("test"), histograms=histograms)
+    exporter = object()
+    cumulative = AggregationTemporality.CUMULATIVE
+
+    def prefixes(consumer: object) -> list[str]:
+        return sorted(dict(point.attributes).get("dask.task.prefix", "") for metric in
+                      histograms.metrics(cumulative, consumer=consumer) if metric.name == "dask.task.duration"
+                      for point in metric.data.data_points)
+
+    metrics.record_tasks([TaskEvent("a-1", 0, 5, 1, 1, 8, "int", None)], ["a"], "sync")
+    metrics.record_tasks([TaskEvent("b-1", 0, 5, 1, 1, 8, "int", None)], ["b"], "sync")
+    assert prefixes(exporter) == ["a", "b"]
+    metrics.record_tasks([TaskEvent("b-2", 0, 5, 1, 1, 8, "int", None)], ["b"], "sync")
+    assert prefixes(exporter) == ["b"]  # a did not change
+    assert prefixes(exporter) == []
+    assert prefixes(None) == ["a", "b"]  # a pull reader (Prometheus) reads them all, always
+    monkeypatch.setattr(module, "RESEND_UNCHANGED_S", 0.0)
+    assert prefixes(exporter) == ["a", "b"]  # sent again, now and then
+    (point,) = [p for m in histograms.metrics(cumulative, consumer=object()) if m.name == "dask.task.duration"
+                for p in m.data.data_points if dict(p.attributes)["dask.task.prefix"] == "b"]
+    assert point.count == 2  # cumulative: the whole count, whenever sent
