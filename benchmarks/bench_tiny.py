@@ -16,9 +16,9 @@ registered, alternating, in this one process:
   otel_graph instrumenting every test's schedulers (``tests/peer/otel_graph_peer.py``),
   exporting over OTLP/gRPC to the same receiver. Bar: <= 1.10x.
 
-Each figure is the median of ``--repeat`` rounds. Usage::
+Each tiny figure is the median of ``--repeat`` rounds, the suite's of ``--suite-repeat`` runs. Usage::
 
-    python benchmarks/bench_tiny.py [--repeat 3] [--dask-suite] [--json rows.json]
+    python benchmarks/bench_tiny.py [--repeat 5] [--dask-suite [--suite-repeat 2]] [--json rows.json]
 """
 
 from __future__ import annotations
@@ -62,24 +62,33 @@ def measure(name: str, work: Callable[[], object], *, computes: int, repeat: int
 
     import otel_graph
 
-    plain, traced, profiled = [], [], []
-    for _ in range(repeat):
-        plain.append(timed(work))
+    def traced() -> float:
         handle = otel_graph.instrument_scheduler()
         start = time.perf_counter()
         work()
         if not handle.flush(timeout_s=120):
             raise SystemExit(f"{name}: flush did not complete")
-        traced.append(time.perf_counter() - start)
+        took = time.perf_counter() - start
         handle.uninstrument()
+        return took
+
+    def profiled() -> float:
         profiler = Profiler()
         profiler.register()
         try:
-            profiled.append(timed(work))
+            return timed(work)
         finally:
             profiler.unregister()
+
+    ways: dict[str, Callable[[], float]] = {"plain": lambda: timed(work), "otel_graph": traced, "profiler": profiled}
+    times: dict[str, list[float]] = {way: [] for way in ways}
+    order = list(ways)
+    for round_ in range(repeat):
+        for way in order[round_ % 3:] + order[:round_ % 3]:  # each way first in turn: no order favoured
+            times[way].append(ways[way]())
+    plain = times["plain"]
     base = statistics.median(plain)
-    each = {"plain": base, "otel_graph": statistics.median(traced), "profiler": statistics.median(profiled)}
+    each = {way: statistics.median(took) for way, took in times.items()}
     us = {key: value / computes * 1e6 for key, value in each.items()}
     return {
         "workload": name, "bar": bar, "ratio": each["otel_graph"] / base,
@@ -116,7 +125,8 @@ def dask_suite(repeat: int, endpoint: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=5, help="rounds of each tiny workload (medians)")
+    parser.add_argument("--suite-repeat", type=int, default=2, help="runs of dask's suite, each way")
     parser.add_argument("--dask-suite", action="store_true", help="also time dask's own tests (a few minutes)")
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args()
@@ -144,7 +154,7 @@ def main() -> None:
     rows = [measure("tiny-sync-2k", one_task_computes, computes=2000, repeat=args.repeat, bar=1.15),
             measure("tiny-array-200", array_computes, computes=200, repeat=args.repeat, bar=1.10)]
     if args.dask_suite:
-        rows.append(dask_suite(max(1, args.repeat - 1), receiver.endpoint))
+        rows.append(dask_suite(args.suite_repeat, receiver.endpoint))
     for row in rows:
         print(f"{row['workload']:<16} ratio {row['ratio']:.3f} (bar {row['bar']:.2f})  {row['detail']}")
     if args.json:
