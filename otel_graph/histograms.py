@@ -9,12 +9,13 @@ they would have got from the SDK: same boundaries, sum, count, min and max, cumu
 or delta as the exporter prefers.
 
 A push exporter that takes cumulative data is sent a series when it changed since the
-exporter's last collection, and otherwise once every :data:`RESEND_UNCHANGED_S`: exports
-run every second, and a session of many task prefixes re-encoded thousands of unchanged
-series each time (Dask's own test suite: 7% of a core, and the garbage those exports
-made set off more full collections). A cumulative series read later still has its whole
-count, and the collector serves its last value to Prometheus in between (the stack keeps
-a series 15 minutes). A pull reader (Prometheus) gets every series every time.
+last export it delivered, and otherwise once every :data:`RESEND_UNCHANGED_S`: exports
+run every second, and re-encoding every series of a session of many task prefixes each
+time cost a few percent of a core, idle or not. A cumulative point carries the whole
+count whenever it is sent, and the collector serves a series' last value to Prometheus
+in between (the stack keeps a series 15 minutes). After a failed export the next one
+sends every series. A pull reader (Prometheus), and an exporter whose deliveries are
+read back (a dask.distributed worker's), get every series every time.
 
 An application's own MeterProvider never goes through here: there, the instruments
 of :class:`otel_graph.metrics.TaskMetrics` record through the API as usual.
@@ -80,6 +81,15 @@ class PreAggregatedHistogram:
 RESEND_UNCHANGED_S = 60.0
 
 
+def _due(sent: dict, key: tuple, count: int, now: int, resend_before: int) -> bool:
+    """Whether a series is sent now (noting it if so): it changed, or was last sent long ago."""
+    last = sent.get(key)
+    if last is not None and last[0] == count and last[1] > resend_before:
+        return False
+    sent[key] = (count, now)
+    return True
+
+
 class HistogramSet:
     """The pre-aggregated histograms of one process, and their export-time form."""
 
@@ -93,6 +103,8 @@ class HistogramSet:
         #: when it last collected, and what it was given then.
         self._last_ns: dict[Any, int] = {}
         self._exported: dict[Any, dict[tuple[str, tuple], tuple[int, float, list[int]]]] = {}
+        #: Per push consumer of cumulative data: each series' count when last sent, and when.
+        self._sent: dict[Any, dict[tuple[str, tuple], tuple[int, int]]] = {}
 
     @property
     def lock(self) -> threading.Lock:
@@ -107,21 +119,28 @@ class HistogramSet:
         self._histograms.append(histogram)
         return histogram
 
-    def metrics(self, temporality: AggregationTemporality, *, consumer: Any = None) -> list[Metric]:
-        """Our histograms' points for ``consumer``: an exporter (push), or None for a pull reader."""
+    def metrics(self, temporality: AggregationTemporality, *, consumer: Any = None,
+                skip_unchanged: bool = False) -> list[Metric]:
+        """Our histograms' points for ``consumer`` (an exporter; None for a pull reader), leaving
+        out, if ``skip_unchanged`` and cumulative, series it was sent unchanged lately (see above)."""
         now = time.time_ns()
         delta = temporality == AggregationTemporality.DELTA
-        # Unchanged series are resent after this (push, cumulative); a pull reader gets them all.
-        resend_before = now - int(RESEND_UNCHANGED_S * 1e9) if consumer is not None and not delta else None
+        skip = skip_unchanged and not delta
+        resend_before = now - int(RESEND_UNCHANGED_S * 1e9)
         out = []
         with self._lock:
             for fold in self._folds:
                 fold()
             last = self._last_ns.get(consumer, self._start_ns)
             exported = self._exported.setdefault(consumer, {})
+            sent = self._sent.setdefault(consumer, {}) if skip else None
             for histogram in self._histograms:
-                points = [self._point(histogram.name, attrs, series, histogram.bounds, now, delta, last, exported,
-                                      resend_before) for attrs, series in histogram.series.items()]
+                series_now = histogram.series.items()
+                if sent is not None:
+                    series_now = [(attrs, series) for attrs, series in series_now
+                                  if _due(sent, (histogram.name, attrs), series.count, now, resend_before)]
+                points = [self._point(histogram.name, attrs, series, histogram.bounds, now, delta, last, exported)
+                          for attrs, series in series_now]
                 points = [p for p in points if p is not None]
                 if points:
                     out.append(Metric(name=histogram.name, description=histogram.description,
@@ -131,13 +150,8 @@ class HistogramSet:
         return out
 
     def _point(self, name: str, attrs: tuple, series: _Series, bounds: Sequence[float], now: int,
-               delta: bool, last: int, exported: dict, resend_before: int | None) -> HistogramDataPoint | None:
+               delta: bool, last: int, exported: dict) -> HistogramDataPoint | None:
         start = self._start_ns
-        if resend_before is not None:
-            sent = exported.get((name, attrs))
-            if sent is not None and sent[0] == series.count and sent[1] > resend_before:
-                return None
-            exported[(name, attrs)] = (series.count, now)
         count, total, buckets = series.count, series.total, list(series.buckets)
         if delta:
             # Delta from what the previous collection reported; min/max stay cumulative
@@ -155,11 +169,16 @@ class HistogramSet:
                                   count=count, sum=total, bucket_counts=buckets, explicit_bounds=list(bounds),
                                   min=series.low, max=series.high)
 
+    def unsent(self, consumer: Any) -> None:
+        """``consumer``'s export failed: what it was given counts as not sent (all is sent next)."""
+        with self._lock:
+            self._sent.pop(consumer, None)
+
     def merge_into(self, data: MetricsData, temporality: AggregationTemporality, *,
-                   consumer: Any = None) -> MetricsData:
+                   consumer: Any = None, skip_unchanged: bool = False) -> MetricsData:
         """``data`` with our histograms added under our scope, in its first resource (as
-        ``consumer``, the exporter, last had them, for deltas)."""
-        extra = self.metrics(temporality, consumer=consumer)
+        ``consumer``, the exporter, last had them, for deltas; see :meth:`metrics`)."""
+        extra = self.metrics(temporality, consumer=consumer, skip_unchanged=skip_unchanged)
         if not extra or not data.resource_metrics:
             return data
         first, *rest = data.resource_metrics

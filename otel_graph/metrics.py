@@ -93,12 +93,11 @@ class TaskMetrics:
 
     def record_tasks(self, events: Sequence[TaskEvent], prefixes: Sequence[str], scheduler: str) -> None:
         admitted = self._prefixes
+        runs = [(prefix if prefix in admitted else self._admit(prefix), scheduler, ev.error is not None,
+                 ev.end_ns - ev.start_ns, ev.nbytes) for ev, prefix in zip(events, prefixes)]
         with self._lock:
-            runs = self._runs
-            for ev, prefix in zip(events, prefixes):
-                runs.append((prefix if prefix in admitted else self._admit(prefix), scheduler, ev.error is not None,
-                             ev.end_ns - ev.start_ns, ev.nbytes))
-            if len(runs) >= self._fold_at:
+            self._runs += runs
+            if len(self._runs) >= self._fold_at:
                 self._fold()
 
     def _fold(self) -> None:

@@ -529,7 +529,9 @@ class CountingMetricExporter(MetricExporter):
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
                ) -> MetricExportResult:
         if self._histograms is not None:
-            metrics_data = self._histograms.merge_into(metrics_data, self._histogram_temporality, consumer=self)
+            # A reader of deliveries (a worker's ledger) adds up each export's points: it gets them all.
+            metrics_data = self._histograms.merge_into(metrics_data, self._histogram_temporality, consumer=self,
+                                                       skip_unchanged=self.on_delivered is None)
         points = _count_points(metrics_data)
         with self._lock:
             if self._forked:
@@ -547,6 +549,8 @@ class CountingMetricExporter(MetricExporter):
         result = self._export(metrics_data, timeout_millis, **kwargs)
         if result != MetricExportResult.SUCCESS and self._hurried:
             result = self._export(metrics_data, timeout_millis, **kwargs)
+        if result != MetricExportResult.SUCCESS and self._histograms is not None:
+            self._histograms.unsent(self)
         with self._lock:
             if self._given_up:  # counted by give_up() already, whatever became of it
                 return result

@@ -317,7 +317,7 @@ class DirectEmitter:
         if into is not None:
             processors, parts = into.processors, into.parts
         else:
-            encoding = None if self._limits is not None else self._encoder()
+            encoding = self._encoding_now()
             if encoding is None:
                 return False
             processors, parts = encoding
@@ -340,8 +340,12 @@ class DirectEmitter:
     def encoded_batch(self) -> EncodedBatch | None:
         """Somewhere to keep spans :meth:`encoded_child` encodes, to queue them together
         (:meth:`EncodedBatch.queue`); None where spans are not encoded as they end."""
-        encoding = None if self._limits is not None else self._encoder()
+        encoding = self._encoding_now()
         return None if encoding is None else EncodedBatch(self, *encoding)
+
+    def _encoding_now(self) -> tuple[Any, _Encoding] | None:
+        """:meth:`_encoder`'s answer where a span can be encoded without its limits (no limits bite)."""
+        return None if self._limits is not None else self._encoder()
 
     def _queue_encoded(self, processors: Any, parts: _Encoding, encoded: tuple[bytes, int]) -> None:
         self._bound_memo(parts)

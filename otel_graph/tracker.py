@@ -103,6 +103,8 @@ class ComputeRecord:
         #: The thread that called compute, and the task parent of each thread running tasks.
         self.caller = threading.get_ident()
         parent = TaskParent(span, self.task_span_ids, assign_ids=assign_ids)
+        # The caller's own context (its baggage, say) with the task parent current; other
+        # threads get this one with their own parent (parent_for).
         self.context = trace.set_span_in_context(parent)
         self.parents: dict[int, tuple[TaskParent, Context]] = {self.caller: (parent, self.context)}
         self.sampled = span.get_span_context().trace_flags.sampled
@@ -567,16 +569,21 @@ class Tracker:
             plan.add(events, prefixes)
             return
         # Queued together: one lock round trip per compute, not per span.
-        batch = self._encoded_batch() if self._encoded_batch is not None and len(events) > 1 else None
+        batch = None
+        try:
+            if self._encoded_batch is not None and len(events) > 1:
+                batch = self._encoded_batch()
+        except Exception:  # then each span is handed over on its own
+            logger.debug("otel_graph: could not start a batch of encoded spans", exc_info=True)
         try:
             for ev, prefix in zip(events, prefixes):
                 self._task_span(record, ev, prefix, batch)
         finally:
-            if batch is not None:
+            if batch:
                 try:
                     batch.queue()
                 except Exception as exc:
-                    self._span_failed(exc)
+                    self._span_failed(exc, len(batch))
 
     def _progress(self, record: ComputeRecord) -> None:
         if not record.sampled:
@@ -633,10 +640,10 @@ class Tracker:
             except Exception as exc:
                 self._span_failed(exc)
 
-    def _span_failed(self, exc: Exception) -> None:
+    def _span_failed(self, exc: Exception, spans: int = 1) -> None:
         # An application's span processor that raises (in on_end, through span.end()) made
         # the drain give up the rest of the compute, said only at DEBUG.
-        self.span_errors += 1
+        self.span_errors += spans
         if self.span_errors == 1:
             logger.warning("otel_graph: making a span raised (%s: %s), from the span processors or our own code; "
                            "the other spans go on, and stats()['span_errors'] counts those that raised",

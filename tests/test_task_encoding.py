@@ -118,9 +118,9 @@ def test_task_spans_encoded_from_records_equal_stock(trace_state: TraceState | N
     assert ("code.function.name" in named) is with_state
 
 
-def test_a_key_the_encoder_refuses_takes_the_generic_path() -> None:
-    """A key that is not valid text leaves the span to the generic path (which logs and drops
-    that attribute), having queued nothing."""
+def test_an_encoder_that_raises_queues_nothing() -> None:
+    """Attributes that cannot be encoded leave nothing queued and say so (False): the tracker
+    then hands the span over the generic way, which logs and leaves out what it cannot encode."""
     provider = TracerProvider(resource=RESOURCE)
     encoded = Encoded()
     provider.add_span_processor(encoded)

@@ -4,12 +4,20 @@ those recorded since the last fold included, whenever they are collected."""
 from __future__ import annotations
 
 from opentelemetry.metrics import NoOpMeter
-from opentelemetry.sdk.metrics.export import AggregationTemporality
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
+    ResourceMetrics,
+)
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_graph.events import TaskEvent, describe_exception
 from otel_graph.histograms import HistogramSet
 from otel_graph.metrics import FOLD_AT, TaskMetrics
+from otel_graph.pipeline import CountingMetricExporter
 
 
 def _points(histograms: HistogramSet, temporality: AggregationTemporality) -> dict:
@@ -41,28 +49,67 @@ def test_runs_recorded_since_the_last_fold_are_collected() -> None:
     assert again[size][1] == 28 * (FOLD_AT + 11) and again[errors] == (1, 0.001)
 
 
+class Recording(MetricExporter):
+    """A push exporter that keeps what it was sent, and fails while ``down``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = False
+        self.sent: list[MetricsData] = []
+
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: object
+               ) -> MetricExportResult:
+        if self.down:
+            return MetricExportResult.FAILURE
+        self.sent.append(metrics_data)
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: object) -> None: ...
+
+    def prefixes(self) -> list[str]:
+        return sorted(dict(point.attributes)["dask.task.prefix"] for resource in self.sent[-1].resource_metrics
+                      for scope in resource.scope_metrics for metric in scope.metrics
+                      if metric.name == "dask.task.duration" for point in metric.data.data_points)
+
+
+def _push(metrics: TaskMetrics, exporter: CountingMetricExporter, prefix: str) -> list[str]:
+    if prefix:
+        metrics.record_tasks([TaskEvent(f"{prefix}-1", 0, 5, 1, 1, 8, "int", None)], [prefix], "sync")
+    exporter.export(MetricsData(resource_metrics=[ResourceMetrics(Resource({}), [], "")]))
+    return exporter._inner.prefixes()
+
+
 def test_a_push_exporter_is_sent_unchanged_cumulative_series_only_now_and_then(monkeypatch) -> None:
     from otel_graph import histograms as module
 
     histograms = HistogramSet(InstrumentationScope("test"))
     metrics = TaskMetrics(NoOpMeter("test"), histograms=histograms)
-    exporter = object()
-    cumulative = AggregationTemporality.CUMULATIVE
-
-    def prefixes(consumer: object) -> list[str]:
-        return sorted(dict(point.attributes).get("dask.task.prefix", "") for metric in
-                      histograms.metrics(cumulative, consumer=consumer) if metric.name == "dask.task.duration"
-                      for point in metric.data.data_points)
-
+    exporter = CountingMetricExporter(Recording(), histograms=histograms)
     metrics.record_tasks([TaskEvent("a-1", 0, 5, 1, 1, 8, "int", None)], ["a"], "sync")
-    metrics.record_tasks([TaskEvent("b-1", 0, 5, 1, 1, 8, "int", None)], ["b"], "sync")
-    assert prefixes(exporter) == ["a", "b"]
-    metrics.record_tasks([TaskEvent("b-2", 0, 5, 1, 1, 8, "int", None)], ["b"], "sync")
-    assert prefixes(exporter) == ["b"]  # a did not change
-    assert prefixes(exporter) == []
-    assert prefixes(None) == ["a", "b"]  # a pull reader (Prometheus) reads them all, always
+    assert _push(metrics, exporter, "b") == ["a", "b"]
+    assert _push(metrics, exporter, "b") == ["b"]  # a did not change
+    assert _push(metrics, exporter, "") == []
+    assert sorted(dict(p.attributes)["dask.task.prefix"] for m in histograms.metrics(AggregationTemporality.CUMULATIVE)
+                  if m.name == "dask.task.duration" for p in m.data.data_points) == ["a", "b"]  # a pull reader: all
+    exporter._inner.down = True
+    _push(metrics, exporter, "a")  # not delivered: the next export sends every series
+    exporter._inner.down = False
+    assert _push(metrics, exporter, "") == ["a", "b"]
     monkeypatch.setattr(module, "RESEND_UNCHANGED_S", 0.0)
-    assert prefixes(exporter) == ["a", "b"]  # sent again, now and then
-    (point,) = [p for m in histograms.metrics(cumulative, consumer=object()) if m.name == "dask.task.duration"
-                for p in m.data.data_points if dict(p.attributes)["dask.task.prefix"] == "b"]
+    (point,) = [p for r in exporter._inner.sent[-1].resource_metrics for s in r.scope_metrics for m in s.metrics
+                if m.name == "dask.task.duration" for p in m.data.data_points if dict(p.attributes)["dask.task.prefix"] == "b"]
     assert point.count == 2  # cumulative: the whole count, whenever sent
+    assert _push(metrics, exporter, "") == ["a", "b"]  # unchanged, sent again now and then
+
+
+def test_an_exporter_whose_deliveries_are_read_gets_every_series() -> None:
+    """A distributed worker's ledger adds up the points of each delivered export."""
+    histograms = HistogramSet(InstrumentationScope("test"))
+    metrics = TaskMetrics(NoOpMeter("test"), histograms=histograms)
+    exporter = CountingMetricExporter(Recording(), histograms=histograms)
+    exporter.on_delivered = lambda data: None
+    assert _push(metrics, exporter, "a") == ["a"]
+    assert _push(metrics, exporter, "b") == ["a", "b"]
