@@ -18,6 +18,7 @@ its ``_span_processors``                     tells otel_graph's processors from 
 ``ParentBased``'s delegates (``_root``...)   the default sampler's decision for a         the sampler is asked
                                              compute's root span, without asking it
 gRPC ``OTLPSpanExporter._translate_data``    encodes with :mod:`otel_graph.otlp_fast`     the stock encoder
+its ``_stub``, ``_client``, ``_channel``     sends those bytes unparsed                   parsed, then sent
 HTTP ``OTLPSpanExporter._shutdown``,         sends the fast encoding's bytes              the stock exporter
 ``_metrics``, ``_max_request_size``,         (:class:`_FastHttpSpanExporter`)
 ``_client``; ``http._common`` helpers
@@ -142,7 +143,39 @@ def prometheus_reader(PrometheusMetricReader: type, merge: Any) -> Any:  # noqa:
 def takes_encoded_chunks(exporter: SpanExporter) -> bool:
     """Whether ``exporter`` is one :func:`fast_span_exporter` made, which reuses :func:`encode_chunks`' parts."""
     return isinstance(exporter, _FastHttpSpanExporter) or (
-        getattr(exporter, "__dict__", {}).get("_translate_data") is encode_spans_fast)
+        getattr(exporter, "__dict__", {}).get("_translate_data") in (encode_spans_fast, _encode_request))
+
+
+_TRACE_EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+
+
+class _BytesTraceStub:
+    """The trace service's client for requests already serialized (:mod:`otel_graph.otlp_fast`'s
+    bytes): parsed into messages only for gRPC to serialize them again, a request of 512
+    spans held the GIL about 0.4 ms longer, while the user's tasks waited for it."""
+
+    def __init__(self, channel: Any) -> None:
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+        self.Export = channel.unary_unary(_TRACE_EXPORT, request_serializer=None,  # bytes go as they are
+                                          response_deserializer=ExportTraceServiceResponse.FromString)
+
+
+def _sends_bytes(exporter: Any) -> bool:
+    """Give a stock gRPC span exporter a client that sends serialized requests; False (and
+    nothing changed) where its stub, client or channel are not the ones this knows."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceServiceStub
+
+    channel = getattr(exporter, "_channel", None)
+    if vars(exporter).get("_stub") is not TraceServiceStub or not isinstance(getattr(exporter, "_client", None),
+                                                                             TraceServiceStub) \
+            or not callable(getattr(channel, "unary_unary", None)) \
+            or not callable(getattr(exporter, "_initialize_channel_and_stub", None)):
+        return False
+    # _initialize_channel_and_stub() remakes the client with self._stub on each reconnect.
+    exporter._stub = _BytesTraceStub
+    exporter._client = _BytesTraceStub(channel)
+    return True
 
 
 
@@ -170,7 +203,12 @@ def fast_span_exporter(exporter: SpanExporter) -> SpanExporter:
         translate = getattr(exporter, "_translate_data", None)
         if callable(translate) and _takes(translate, []):
             # Its _export() calls self._translate_data(spans) on each try; an instance attribute wins.
-            exporter._translate_data = encode_spans_fast  # type: ignore[attr-defined]
+            if _sends_bytes(exporter):
+                exporter._translate_data = _encode_request  # type: ignore[attr-defined]
+            else:
+                _changed("the gRPC OTLPSpanExporter's _stub, _client or _channel",
+                         "each request is parsed into messages before it is sent (slower)")
+                exporter._translate_data = encode_spans_fast  # type: ignore[attr-defined]
         else:
             _changed("the gRPC OTLPSpanExporter's _translate_data", "spans are encoded by the stock encoder (slower)")
     elif kind is _stock_class("http"):

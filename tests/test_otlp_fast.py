@@ -418,6 +418,39 @@ def test_a_grpc_exporter_whose_encoder_hook_changed_encodes_with_the_stock_encod
     assert len(said) == 1 and "_translate_data" in said[0].getMessage()
 
 
+@pytest.mark.usefixtures("no_stock_encoding")
+@pytest.mark.parametrize("stub_known", [True, False])
+def test_grpc_requests_go_serialized_also_after_a_reconnect(stub_known: bool, monkeypatch: pytest.MonkeyPatch,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    """The gRPC exporter sends otel_graph's bytes as they are, with the client it remakes on a
+    reconnect too; where its stub is not the one known, each request is parsed first, and said."""
+    from otel_graph import sdk_internals
+
+    monkeypatch.setattr(sdk_internals, "_SAID", set())
+
+    class Unknown(grpc_trace_exporter.TraceServiceStub):  # an unknown stub, as a release might bring
+        pass
+
+    if not stub_known:
+        monkeypatch.setattr(grpc_trace_exporter, "TraceServiceStub", Unknown)
+    spans = _task_spans()
+    with OtlpReceiver() as receiver:
+        _send_traces_to(receiver, "grpc", monkeypatch)
+        with caplog.at_level(logging.WARNING, logger="otel_graph"):
+            exporter = otlp_span_exporter(protocol="grpc")
+        try:
+            assert exporter.export(spans) is SpanExportResult.SUCCESS
+            exporter._initialize_channel_and_stub()  # what the exporter does on UNAVAILABLE
+            assert exporter.export(spans) is SpanExportResult.SUCCESS
+            sent = exporter._translate_data(spans)
+        finally:
+            exporter.shutdown()
+        assert [r.request for r in receiver.requests("traces")] == [encode_spans(spans)] * 2
+    assert isinstance(sent, bytes) is stub_known  # bytes, or a message parsed from them
+    said = [r.getMessage() for r in caplog.records if r.name == "otel_graph"]
+    assert said == ([] if stub_known else [said[0]]) and all("_stub" in m for m in said)
+
+
 def test_a_metric_exporter_without_its_preferences_is_still_counted(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
