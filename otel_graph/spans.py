@@ -39,9 +39,9 @@ from typing import Any
 
 from dask._task_spec import NestedContainer, Task, _execute_subgraph, _identity_cast
 from dask.utils import funcname
-from toolz.functoolz import Compose
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
+from toolz.functoolz import Compose
 
 from otel_graph.events import INT64_MAX, ErrorInfo, TaskEvent, key_to_str, safe_text
 from otel_graph.policy import Aggregate

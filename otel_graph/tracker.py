@@ -643,8 +643,9 @@ class Tracker:
     def _span_failed(self, exc: Exception, spans: int = 1) -> None:
         # An application's span processor that raises (in on_end, through span.end()) made
         # the drain give up the rest of the compute, said only at DEBUG.
+        first = self.span_errors == 0
         self.span_errors += spans
-        if self.span_errors == 1:
+        if first:
             logger.warning("otel_graph: making a span raised (%s: %s), from the span processors or our own code; "
                            "the other spans go on, and stats()['span_errors'] counts those that raised",
                            type(exc).__name__, exc)

@@ -133,3 +133,34 @@ def test_an_encoder_that_raises_queues_nothing() -> None:
 
     assert not emitter.encoded_child(parent, "bad", 1, 2, refuse, ev)
     assert encoded.spans == []
+
+
+def test_spans_queued_together_that_a_processor_refuses_are_each_counted(caplog: pytest.LogCaptureFixture) -> None:
+    """A small compute's task spans go to the processors together: if that raises, each of
+    them counts in span_errors, and the first says so."""
+    from opentelemetry.metrics import NoOpMeter
+
+    from otel_graph.metrics import TaskMetrics
+    from otel_graph.tracker import Tracker
+
+    class Refusing(Encoded):
+        def on_end_encoded_many(self, spans: list[tuple[bytes, int]]) -> None:
+            raise RuntimeError("queue refused")
+
+    provider = TracerProvider(resource=RESOURCE)
+    refusing = Refusing()
+    provider.add_span_processor(refusing)
+    tracker = Tracker(tracer=provider.get_tracer("test"), emitter=DirectEmitter(provider, SCOPE),
+                      metrics=TaskMetrics(NoOpMeter("test")), max_task_spans=None, drain_interval_s=0.05)
+    try:
+        with caplog.at_level("WARNING", logger="otel_graph"):
+            record = tracker.begin("sync")
+            assert record is not None and record.inline
+            record.submitted = 3
+            record.sink.extend((f"inc-{i}", 1, 2, 1, 1, 28, "int", None) for i in range(3))
+            tracker.end(record, None)  # drained here, being small: its three spans queued together
+        assert tracker.span_errors == 3
+        assert len(refusing.spans) == 1  # the root span, handed over on its own
+        assert sum("making a span raised" in r.getMessage() for r in caplog.records) == 1
+    finally:
+        tracker.stop(5)
