@@ -34,7 +34,7 @@ from __future__ import annotations
 import random
 from functools import lru_cache, partial
 from itertools import islice
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from dask._task_spec import NestedContainer, Task, _execute_subgraph, _identity_cast
@@ -150,6 +150,13 @@ def run_attributes(ev: Any, prefix: str) -> dict[str, Any]:
     return attributes
 
 
+def dependency_keys(deps: Collection[Any]) -> tuple[str, ...]:
+    """``dask.task.dependencies``: the keys as text, sorted; past :data:`MAX_DEPENDENCIES`, a
+    bounded sample of them rather than 10^4 keys rendered per span."""
+    shown = deps if len(deps) <= MAX_DEPENDENCIES else islice(deps, MAX_DEPENDENCIES)
+    return tuple(sorted(map(key_text, shown)))
+
+
 def task_attributes(ev: TaskEvent, prefix: str, graph: Mapping | None, state: Mapping | None) -> dict[str, Any]:
     attributes = run_attributes(ev, prefix)
     if state is not None:
@@ -157,9 +164,7 @@ def task_attributes(ev: TaskEvent, prefix: str, graph: Mapping | None, state: Ma
         attributes["dask.task.dependency_count"] = len(deps)
         attributes["dask.task.dependent_count"] = len(state["dependents"].get(ev.key, ()))
         if deps:
-            # Past the bound, name a bounded sample rather than render 10^4 keys per span.
-            shown = deps if len(deps) <= MAX_DEPENDENCIES else islice(deps, MAX_DEPENDENCIES)
-            attributes["dask.task.dependencies"] = tuple(sorted(map(key_text, shown)))
+            attributes["dask.task.dependencies"] = dependency_keys(deps)
     if graph is not None:
         functions = function_names(graph.get(ev.key))
         if functions:
@@ -263,10 +268,7 @@ class DirectEmitter:
 
     def emit(self, *, parent: trace.Span, name: str, start_ns: int, end_ns: int,
              attributes: dict[str, Any], error: ErrorInfo | None = None, span_id: int = 0) -> Any:
-        last, parent_context = self._parent
-        if parent is not last:  # spans come in runs of one compute: read its context once
-            parent_context = parent.get_span_context()
-            self._parent = (parent, parent_context)
+        parent_context = self._context_of(parent)
         span_id = span_id or self._random.getrandbits(64) or 1
         context = self._span_context(parent_context.trace_id, span_id, False, parent_context.trace_flags,
                                      parent_context.trace_state)
@@ -276,14 +278,26 @@ class DirectEmitter:
         self._hand_over(name, context, parent_context, start_ns, end_ns, attributes, events, _status(error))
         return context
 
+    def _context_of(self, parent: trace.Span) -> Any:
+        """``parent``'s span context: spans come in runs of one compute, so it is read once a run."""
+        last, parent_context = self._parent
+        if parent is not last:
+            parent_context = parent.get_span_context()
+            self._parent = (parent, parent_context)
+        return parent_context
+
+    def _current_processors(self) -> tuple[Any, ...] | None:
+        """The provider's span processors now (the same object while unchanged), or None."""
+        return self._processors_behind(self._processor) if self._processor is not None else None
+
     def queues_only(self) -> bool:
         """Whether every processor on the provider is one of otel_graph's, which queue a span
         and return: then spans may be made in the user's thread, and a root span needs no
         ``on_start``. Asked per compute (an application may add a processor of its own),
         answered from the last answer while the provider's list is the same object."""
-        if self._processor is None:
+        current = self._current_processors()
+        if current is None:
             return False
-        current = self._processors_behind(self._processor)
         if current is not self._checked[0]:
             self._checked = (current, current is not None and bool(current)
                              and all(getattr(p, "never_blocks", False) for p in current))
@@ -293,7 +307,7 @@ class DirectEmitter:
         """(processors, what encodes for them) while every processor takes encoded spans, else None.
         Asked per span (a cluster's ledger may start reading delivered spans), answered from
         the last answer while the provider's processors are the same."""
-        current = self._processors_behind(self._processor) if self._processor is not None else None
+        current = self._current_processors()
         known, parts = self._encoding
         if current is None or current is not known:
             parts = None
@@ -321,10 +335,7 @@ class DirectEmitter:
             if encoding is None:
                 return False
             processors, parts = encoding
-        last, parent_context = self._parent
-        if parent is not last:
-            parent_context = parent.get_span_context()
-            self._parent = (parent, parent_context)
+        parent_context = self._context_of(parent)
         memo = parts.memo
         try:
             entry = parts.child_entry(parent_context, self._random.getrandbits(64) or 1, name, start_ns, end_ns,

@@ -20,12 +20,11 @@ generic path.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from itertools import islice
 from typing import Any
 
 from otel_graph.events import INT64_MAX
 from otel_graph.otlp_fast import encoded_attribute, encoded_attributes
-from otel_graph.spans import MAX_DEPENDENCIES, _type_text, _worker_id, function_names, key_text
+from otel_graph.spans import _type_text, _worker_id, dependency_keys, function_names, key_text
 
 #: Entries each cache keeps at most; past it, it starts again empty.
 _CACHE_ENTRIES = 4096
@@ -69,8 +68,7 @@ class TaskAttributeEncoder:
                     "dask.task.dependency_count": counted[0], "dask.task.dependent_count": counted[1]}, memo))
             parts.append(counts)
             if deps:
-                shown = deps if len(deps) <= MAX_DEPENDENCIES else islice(deps, MAX_DEPENDENCIES)
-                parts.append(encoded_attribute("dask.task.dependencies", tuple(sorted(map(key_text, shown))), memo))
+                parts.append(encoded_attribute("dask.task.dependencies", dependency_keys(deps), memo))
         if graph is not None:
             functions = function_names(graph.get(key))
             if functions:
