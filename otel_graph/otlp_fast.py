@@ -86,10 +86,13 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
+_TWO_BYTES = struct.Struct("BB").pack
+
+
 def _field(key: bytes, payload: bytes) -> bytes:
     """A length-delimited field: a string, bytes or an embedded message."""
     n = len(payload)
-    return key + (_BYTE[n] if n < 128 else _varint(n)) + payload
+    return key + (_BYTE[n] if n < 128 else _TWO_BYTES(n & 0x7F | 0x80, n >> 7) if n < 16384 else _varint(n)) + payload
 
 
 def _keys(message: type[Message], *names: str) -> list[bytes]:
@@ -124,6 +127,11 @@ _HAS_IS_REMOTE = SpanFlags.SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK
 _IS_REMOTE = _HAS_IS_REMOTE | SpanFlags.SPAN_FLAGS_CONTEXT_IS_REMOTE_MASK
 _SPAN_FLAGS = {False: _FLAGS + _U32(_HAS_IS_REMOTE), True: _FLAGS + _U32(_IS_REMOTE)}  # by parent.is_remote
 _EMPTY_STATUS = _STATUS + b"\x00"  # stock always sends a status, even UNSET and empty
+# A field's key and the length of its fixed-size payload, written together.
+_TRACE_ID_16, _SPAN_ID_8, _PARENT_SPAN_ID_8 = _TRACE_ID + b"\x10", _SPAN_ID + b"\x08", _PARENT_SPAN_ID + b"\x08"
+#: Start and end times, fixed64 fields with one-byte keys, in one call: ``_TIMES(_START_KEY, start, _END_KEY, end)``.
+_TIMES = struct.Struct("<BQBQ").pack
+(_START_KEY,), (_END_KEY,) = _START, _END  # (a key of more than one byte fails here, at import)
 
 # -- attribute values --------------------------------------------------------
 
@@ -184,7 +192,7 @@ class _Memo:
     One per request at export; one per emitter for spans encoded as they end (its owner
     replaces it once it holds too many pairs)."""
 
-    __slots__ = ("heads", "pairs", "names", "trace", "parent")
+    __slots__ = ("heads", "pairs", "names", "trace", "parent", "child")
 
     def __init__(self) -> None:
         self.heads: dict[str, bytes] = {}
@@ -194,6 +202,8 @@ class _Memo:
         self.names: dict[str, bytes] = {}
         self.trace: tuple[int, bytes] = (-1, b"")
         self.parent: tuple[Any, bytes] = (None, b"")
+        #: child_entry's: (the parent, its trace's field, its fields after the span's id).
+        self.child: tuple[Any, bytes, bytes] = (None, b"", b"")
 
 
 # Types whose value (with the type) fixes the encoding, so a (key, value) pair seen before
@@ -234,6 +244,24 @@ def _attribute(field: bytes, name: str, value: Any, heads: dict[str, bytes]) -> 
     value_bytes = (_ANY.get(type(value)) or _any_encoder(value))(value)
     n = len(value_bytes)
     return _field(field, head + (_BYTE[n] if n < 128 else _varint(n)) + value_bytes)
+
+
+def keyed_string(head: bytes, text: str) -> bytes:
+    """A string attribute as a span's attribute field, its key given as :func:`attribute_head`
+    made it: the same bytes as :func:`encoded_attribute`, in fewer steps."""
+    value = text.encode()
+    n = len(value)
+    if n < 100:  # the usual key: each length below is one byte
+        any_value = _STRING + _BYTE[n] + value
+        pair = head + _BYTE[n + 2] + any_value
+        return _ATTRIBUTES + _BYTE[len(pair)] + pair if len(pair) < 128 else _field(_ATTRIBUTES, pair)
+    return _field(_ATTRIBUTES, head + _field(b"", _field(_STRING, value)))
+
+
+def attribute_head(name: str) -> bytes:
+    """The part of an attribute's KeyValue before its value's length: its key, then the value's tag."""
+    encoded = name.encode()
+    return (_field(_KV_KEY, encoded) if encoded else b"") + _KV_VALUE
 
 
 # -- spans -------------------------------------------------------------------
@@ -298,40 +326,64 @@ def _opening(trace_id: int, span_id: int, kind: bytes, parent: Any, trace_state:
     """A span entry's fields before its attributes: ids, kind, parent, trace state, name, times."""
     last_trace, trace = memo.trace
     if last_trace != trace_id:
-        trace = _TRACE_ID + b"\x10" + trace_id.to_bytes(16, "big")
+        trace = _TRACE_ID_16 + trace_id.to_bytes(16, "big")
         memo.trace = (trace_id, trace)
-    parts = [trace, _SPAN_ID + b"\x08" + span_id.to_bytes(8, "big"), kind]
+    parts = [trace, _SPAN_ID_8 + span_id.to_bytes(8, "big"), kind]
     if parent:
         last, fields = memo.parent
         if parent is not last:
-            fields = _PARENT_SPAN_ID + b"\x08" + parent.span_id.to_bytes(8, "big") + _SPAN_FLAGS[bool(parent.is_remote)]
+            fields = _PARENT_SPAN_ID_8 + parent.span_id.to_bytes(8, "big") + _SPAN_FLAGS[bool(parent.is_remote)]
             memo.parent = (parent, fields)
         parts.append(fields)
     else:
         parts.append(_SPAN_FLAGS[False])
     if trace_state:
-        parts.append(_field(_TRACE_STATE, ",".join([f"{k}={v}" for k, v in trace_state.items()]).encode()))
+        parts.append(_trace_state(trace_state))
     if name:
-        field = memo.names.get(name) if type(name) is str else None
-        if field is None:
-            field = _field(_NAME, name.encode() if type(name) is str else _utf8(name))
-            if type(name) is str:
-                memo.names[name] = field
-        parts.append(field)
-    if start:
+        parts.append(_name(name, memo))
+    if start and end:
+        parts.append(_TIMES(_START_KEY, start, _END_KEY, end))
+    elif start:
         parts.append(_START + _U64(start))
-    if end:
+    elif end:
         parts.append(_END + _U64(end))
     return parts
 
 
+def _trace_state(trace_state: Any) -> bytes:
+    return _field(_TRACE_STATE, ",".join([f"{k}={v}" for k, v in trace_state.items()]).encode())
+
+
+def _name(name: str, memo: _Memo) -> bytes:
+    field = memo.names.get(name) if type(name) is str else None
+    if field is None:
+        field = _field(_NAME, name.encode() if type(name) is str else _utf8(name))
+        if type(name) is str:
+            memo.names[name] = field
+    return field
+
+
 def child_entry(parent: Any, span_id: int, name: str, start: int, end: int, attributes: bytes, memo: _Memo) -> bytes:
     """:func:`span_entry` of an INTERNAL span in ``parent``'s trace (its flags and trace state), with
-    status UNSET, no events or links, and its attributes given encoded (:func:`encoded_attributes`)."""
-    parts = _opening(parent.trace_id, span_id, _INTERNAL, parent, parent.trace_state, name, start, end, memo)
-    parts.append(attributes)
-    parts.append(_EMPTY_STATUS)
-    return _field(_SS_SPANS, b"".join(parts))
+    status UNSET, no events or links, and its attributes given encoded (:func:`encoded_attributes`).
+
+    The same bytes, written with fewer steps: a compute's task spans share their parent, whose
+    fields (the trace id before the span's own id, the rest after) are made once."""
+    last, trace, after = memo.child
+    if parent is not last:
+        trace_id = parent.trace_id
+        if memo.trace[0] != trace_id:
+            memo.trace = (trace_id, _TRACE_ID_16 + trace_id.to_bytes(16, "big"))
+        trace = memo.trace[1]
+        after = _INTERNAL + _PARENT_SPAN_ID_8 + parent.span_id.to_bytes(8, "big") + _SPAN_FLAGS[bool(parent.is_remote)]
+        if parent.trace_state:
+            after += _trace_state(parent.trace_state)
+        memo.child = (parent, trace, after)
+    named = memo.names.get(name) or _name(name, memo) if name else b""
+    body = b"".join((trace, _SPAN_ID_8, span_id.to_bytes(8, "big"), after, named,
+                     _TIMES(_START_KEY, start, _END_KEY, end) if start and end else _START + _U64(start) if start else
+                     _END + _U64(end) if end else b"", attributes, _EMPTY_STATUS))
+    return _field(_SS_SPANS, body)
 
 
 def encoded_attributes(attributes: Mapping[str, Any], memo: _Memo) -> bytes:

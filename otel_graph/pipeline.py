@@ -189,6 +189,7 @@ class ReliableSpanProcessor(SpanProcessor):
         self._enqueue(*spans)
 
     def _enqueue(self, *spans: Queued) -> None:
+        weight = sum(map(_weight, spans))
         with self._lock:  # so a span cannot slip in after deliver_remaining has counted the queue
             if self._stopped:
                 self.undelivered += len(spans)
@@ -197,9 +198,8 @@ class ReliableSpanProcessor(SpanProcessor):
                 return
             queue = self._queue
             before = len(queue)
-            for span in spans:
-                queue.append(span)
-                self._weight += _weight(span)
+            queue.extend(spans)
+            self._weight += weight
             if before // self._max_batch != len(queue) // self._max_batch:
                 self._cond.notify()
             full = self._weight > self._max_queued

@@ -88,22 +88,26 @@ class _FunctionNames:
         return name
 
     def _visit(self, value: Any, names: list[str], depth: int) -> None:
+        # Only tasks and containers can hold functions: other values are not visited at all
+        # (a call each cost an array reduction's spans a third of their making).
         if len(names) >= MAX_FUNCTION_NAMES or depth > 32:
             return
         if isinstance(value, Task):
-            if value.func is _execute_subgraph and value.args and isinstance(value.args[0], Mapping):
-                for inner in value.args[0].values():
-                    self._visit(inner, names, depth + 1)
+            func, args = value.func, value.args
+            if func is _execute_subgraph and args and (type(args[0]) is dict or isinstance(args[0], Mapping)):
+                for inner in args[0].values():
+                    if isinstance(inner, _HOLDERS):
+                        self._visit(inner, names, depth + 1)
                 return
-            for arg in value.args:
-                if isinstance(arg, (Task, list, tuple)):
+            for arg in args:
+                if isinstance(arg, _HOLDERS):
                     self._visit(arg, names, depth + 1)
             if value.kwargs:
                 for arg in value.kwargs.values():
-                    self._visit(arg, names, depth + 1)
+                    if isinstance(arg, _HOLDERS):
+                        self._visit(arg, names, depth + 1)
             # Containers (a List node, or the plain Task that builds one) are structure, not code.
-            if not isinstance(value, NestedContainer) and value.func is not _identity_cast:
-                func = value.func
+            if not isinstance(value, NestedContainer) and func is not _identity_cast:
                 try:
                     if type(func) is Compose:  # toolz.compose (Dask's reductions): the functions it chains
                         for inner in (func.first, *func.funcs)[:MAX_FUNCTION_NAMES - len(names)]:
@@ -112,9 +116,14 @@ class _FunctionNames:
                         names.append(self._name(func))
                 except Exception:
                     return
-        elif isinstance(value, (list, tuple)):
+        else:  # a list or a tuple
             for item in value:
-                self._visit(item, names, depth + 1)
+                if isinstance(item, _HOLDERS):
+                    self._visit(item, names, depth + 1)
+
+
+#: What may hold a function to name: a task, or a container of them.
+_HOLDERS = (Task, list, tuple)
 
 
 function_names = _FunctionNames()
@@ -413,6 +422,20 @@ class EncodedBatch(list):  # type: ignore[type-arg]
     def __init__(self, emitter: DirectEmitter, processors: Any, parts: _Encoding) -> None:
         super().__init__()
         self.emitter, self.processors, self.parts = emitter, processors, parts
+
+    def add(self, name: str, context: Any, parent: Any, start_ns: int, end_ns: int, attributes: dict[str, Any],
+            events: tuple[Any, ...], status: Status) -> None:
+        """A finished span, as :meth:`DirectEmitter.hand_over` takes it, encoded into this batch
+        (or, where it cannot be encoded, handed over on its own)."""
+        parts = self.parts
+        try:
+            entry = parts.span_entry(context, parent, name, SpanKind.INTERNAL, start_ns, end_ns, attributes, events,
+                                     (), status, parts.memo)
+        except Exception:  # noqa: BLE001 - as a ReadableSpan, the exporter refuses it alone
+            self.emitter.hand_over(name=name, context=context, parent=parent, start_ns=start_ns, end_ns=end_ns,
+                                   attributes=attributes, events=events, status=status)
+            return
+        self.append((entry, parts.origin))
 
     def queue(self) -> None:
         if self:

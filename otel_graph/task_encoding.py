@@ -23,11 +23,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from otel_graph.events import INT64_MAX
-from otel_graph.otlp_fast import encoded_attribute, encoded_attributes
+from otel_graph.otlp_fast import attribute_head, encoded_attribute, encoded_attributes, keyed_string
 from otel_graph.spans import _type_text, _worker_id, dependency_keys, function_names, key_text
 
 #: Entries each cache keeps at most; past it, it starts again empty.
 _CACHE_ENTRIES = 4096
+_KEY_HEAD = attribute_head("dask.task.key")
 
 
 class TaskAttributeEncoder:
@@ -46,7 +47,7 @@ class TaskAttributeEncoder:
     def __call__(self, ev: Any, prefix: str, graph: Mapping | None, state: Mapping | None, memo: Any) -> bytes:
         """Raises where a field cannot be encoded: the generic path then logs and leaves it out."""
         key = ev.key
-        parts = [encoded_attribute("dask.task.key", key_text(key), memo)]
+        parts = [keyed_string(_KEY_HEAD, key_text(key))]
         where = self._where.get((prefix, ev.worker, ev.thread, ev.type_name))
         if where is None:
             where = _remember(self._where, (prefix, ev.worker, ev.thread, ev.type_name), encoded_attributes({

@@ -37,7 +37,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Status, StatusCode
 
-from otel_graph.compute_span import start_compute_span
+from otel_graph.compute_span import ComputeSpan, start_compute_span
 from otel_graph.events import TaskEvent, describe_exception, task_prefix
 from otel_graph.forks import forked_child_drops, stands_down
 from otel_graph.metrics import TaskMetrics
@@ -229,7 +229,8 @@ class Tracker:
         self.tasks_recovered = 0
         self.processing_errors = 0
         self.begin_errors = 0
-        #: Task and aggregate spans whose making raised (:meth:`_span_failed`).
+        #: Spans whose making raised (:meth:`_span_failed`): task and aggregate spans, and a small
+        #: compute's root span, queued with its tasks.
         self.span_errors = 0
         self._forked = False
         self._thread = threading.Thread(target=self._run, name="otel-graph-tracker", daemon=True)
@@ -538,15 +539,21 @@ class Tracker:
     def _drain_whole(self, record: ComputeRecord) -> None:
         """A compute that ended, all its tasks reported, within the first half of the span
         budget (which gives tasks spans as they come): what :meth:`_drain` would do, with no
-        span plan. Most computes are this small; made and ended at once, they pay for no plan."""
+        span plan. Most computes are this small; made and ended at once, they pay for no plan,
+        and their spans, the root's too, are queued together."""
         with self._building:
             if self._halt:
                 return
             events = list(map(TaskEvent._make, self._take(record)))
-            if events:
-                self._consume(record, None, events)
-            if not self._halt:  # halted meanwhile: what is left stays counted as unbuilt
-                self._end(record, None)
+            batch = self._batch() if record.sampled else None
+            try:
+                if events:
+                    self._consume(record, None, events, batch)
+                if not self._halt:  # halted meanwhile: what is left stays counted as unbuilt
+                    self._end(record, None, batch)
+            finally:
+                if batch:
+                    self._queue_batch(batch)
 
     @staticmethod
     def _take(record: ComputeRecord) -> list[tuple[Any, ...]]:
@@ -559,8 +566,10 @@ class Tracker:
         record.seen += count
         return taken
 
-    def _consume(self, record: ComputeRecord, plan: SpanPlan | None, events: list[TaskEvent]) -> None:
-        """Task metrics for ``events``, and their spans through ``plan`` (None: a span each)."""
+    def _consume(self, record: ComputeRecord, plan: SpanPlan | None, events: list[TaskEvent],
+                 batch: Any = None) -> None:
+        """Task metrics for ``events``, and their spans through ``plan`` (None: a span each,
+        kept in ``batch`` where one is given)."""
         prefixes = [task_prefix(ev.key) for ev in events]
         self._metrics.record_tasks(events, prefixes, record.scheduler)
         if not record.sampled:
@@ -568,22 +577,25 @@ class Tracker:
         if plan is not None:
             plan.add(events, prefixes)
             return
-        # Queued together: one lock round trip per compute, not per span.
-        batch = None
+        for ev, prefix in zip(events, prefixes):
+            self._task_span(record, ev, prefix, batch)
+
+    def _batch(self) -> Any:
+        """Somewhere to keep encoded spans to queue together (one lock round trip per
+        compute, not per span); None where spans are not encoded as they end."""
+        if self._encoded_batch is None:
+            return None
         try:
-            if self._encoded_batch is not None and len(events) > 1:
-                batch = self._encoded_batch()
+            return self._encoded_batch()
         except Exception:  # then each span is handed over on its own
             logger.debug("otel_graph: could not start a batch of encoded spans", exc_info=True)
+            return None
+
+    def _queue_batch(self, batch: Any) -> None:
         try:
-            for ev, prefix in zip(events, prefixes):
-                self._task_span(record, ev, prefix, batch)
-        finally:
-            if batch:
-                try:
-                    batch.queue()
-                except Exception as exc:
-                    self._span_failed(exc, len(batch))
+            batch.queue()
+        except Exception as exc:
+            self._span_failed(exc, len(batch))
 
     def _progress(self, record: ComputeRecord) -> None:
         if not record.sampled:
@@ -671,7 +683,7 @@ class Tracker:
             if not self._halt:
                 self._end(record, plan)
 
-    def _end(self, record: ComputeRecord, plan: SpanPlan | None) -> None:
+    def _end(self, record: ComputeRecord, plan: SpanPlan | None, batch: Any = None) -> None:
         if plan is not None:
             plan.finish()
         span = record.span
@@ -687,7 +699,10 @@ class Tracker:
             span.add_event("exception", exception_event_attributes(info), timestamp=record.end_ns)
             span.set_attribute("error.type", info.type_name)
             span.set_status(Status(StatusCode.ERROR, f"{info.type_name}: {info.message}"[:1024]))
-        span.end(end_time=record.end_ns)
+        if batch is not None and type(span) is ComputeSpan:
+            span.end_into(batch, record.end_ns)
+        else:
+            span.end(end_time=record.end_ns)
         _end_outer(record, record.end_ns)
         self._metrics.record_compute((record.end_ns - record.start_ns) / 1e9, record.scheduler, failed)
         self._forget(record)

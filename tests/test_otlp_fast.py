@@ -610,3 +610,14 @@ def test_spans_queued_together_are_counted_one_by_one() -> None:
     processor.shutdown()
     processor.on_end_encoded_many(spans[:2])
     assert processor.undelivered == 2 + 2
+
+
+@pytest.mark.parametrize("length", [0, 1, 99, 100, 105, 120, 126, 127, 128, 200, 16_400])
+def test_a_keyed_string_is_the_generic_attribute_byte_for_byte(length: int) -> None:
+    """The task key's short path writes the bytes the generic encoder writes, at every length
+    where a varint grows a byte."""
+    from otel_graph.otlp_fast import attribute_head, encoded_attribute, keyed_string, new_memo
+
+    for text in ("k" * length, "ü" * (length // 2)):
+        for name in ("dask.task.key", "a" * 120):
+            assert keyed_string(attribute_head(name), text) == encoded_attribute(name, text, new_memo())

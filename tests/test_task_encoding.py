@@ -136,8 +136,8 @@ def test_an_encoder_that_raises_queues_nothing() -> None:
 
 
 def test_spans_queued_together_that_a_processor_refuses_are_each_counted(caplog: pytest.LogCaptureFixture) -> None:
-    """A small compute's task spans go to the processors together: if that raises, each of
-    them counts in span_errors, and the first says so."""
+    """A small compute's spans (its tasks' and its root's) go to the processors together: if
+    that raises, each of them counts in span_errors, and the first says so."""
     from opentelemetry.metrics import NoOpMeter
 
     from otel_graph.metrics import TaskMetrics
@@ -158,9 +158,9 @@ def test_spans_queued_together_that_a_processor_refuses_are_each_counted(caplog:
             assert record is not None and record.inline
             record.submitted = 3
             record.sink.extend((f"inc-{i}", 1, 2, 1, 1, 28, "int", None) for i in range(3))
-            tracker.end(record, None)  # drained here, being small: its three spans queued together
-        assert tracker.span_errors == 3
-        assert len(refusing.spans) == 1  # the root span, handed over on its own
+            tracker.end(record, None)  # drained here, being small: its four spans queued together
+        assert tracker.span_errors == 4
+        assert not refusing.spans  # the root span went with them
         assert sum("making a span raised" in r.getMessage() for r in caplog.records) == 1
     finally:
         tracker.stop(5)
