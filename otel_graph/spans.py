@@ -32,6 +32,7 @@ Emitters (each returns the new span's context, for children such as a task's pha
 from __future__ import annotations
 
 import random
+import weakref
 from functools import lru_cache, partial
 from itertools import islice
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -63,6 +64,9 @@ class _FunctionNames:
 
     def __init__(self) -> None:
         self._names: dict[Any, str] = {}
+        #: id(callable) -> (a weak reference to it, its name): a graph's blocks share their
+        #: callables, so most lookups end here. Weak, so that no callable is kept alive.
+        self._seen: dict[int, tuple[Any, str]] = {}
 
     def __call__(self, node: Any) -> str | None:
         if not isinstance(node, Task):
@@ -72,6 +76,21 @@ class _FunctionNames:
         return ", ".join(names) or None
 
     def _name(self, func: Any) -> str:
+        seen = self._seen.get(id(func))
+        if seen is not None and seen[0]() is func:  # not another callable since given its id
+            return seen[1]
+        name = self._named(func)
+        if type(func).__weakrefoffset__:  # a weak reference can be made to it
+            try:
+                ref = weakref.ref(func)
+            except TypeError:
+                return name
+            if len(self._seen) >= 10_000:
+                self._seen.clear()
+            self._seen[id(func)] = (ref, name)
+        return name
+
+    def _named(self, func: Any) -> str:
         # Keyed by the code's identity as text, never by the callable: a bound method or a
         # closure in the cache would keep the user's objects (a model, a dataset) alive.
         while type(func) is partial:  # funcname names a partial by its function: so is it cached

@@ -88,6 +88,30 @@ def test_composed_and_partial_functions_are_named_by_what_they_call(telemetry):
     assert named == {"b": "inc, add"}
 
 
+def test_a_callable_is_named_by_itself_not_by_one_that_had_its_id(telemetry):
+    """Names are remembered by callable identity, weakly: a key reused for another function
+    (custom graphs do) and a new function at a freed one's address are each named rightly."""
+    import gc
+
+    def first(x):
+        return x
+
+    assert dask.get({"k": (first, 1)}, "k") == 1
+    addresses = {id(first)}
+    del first
+    gc.collect()
+    for step in range(50):  # new functions, each at a freed one's address as a rule
+        def later(x, step=step):
+            return x + step
+
+        later.__name__ = later.__qualname__ = f"later_{step}"
+        assert dask.get({"k": (later, 1)}, "k") == 1 + step
+        addresses.add(id(later))
+    assert len(addresses) < 51  # addresses were reused: the case is exercised
+    names = [s.attributes["code.function.name"] for s in telemetry.spans() if s.name == "k"]
+    assert names == ["first"] + [f"later_{step}" for step in range(50)]
+
+
 def test_processes_report_the_worker_pid(telemetry):
     import os
 
