@@ -7,10 +7,10 @@ dict, reusing whole the runs of fields that repeat from span to span:
 
 * where the task ran and what it returned: prefix, worker, thread, result type;
 * its result's size;
-* its dependency and dependent counts;
+* its dependency and dependent counts, and its dependencies' keys where they are few;
 * its functions' names.
 
-Only the key, and the dependencies' keys, are encoded afresh. The bytes are the ones the
+Only the key, and many dependencies' keys, are encoded afresh. The bytes are the ones the
 generic path writes for the same span, field for field and in the same order
 (``tests/test_task_encoding.py``), so a span reads the same whichever path made it. A
 failed task, whose span carries an exception event and an error status, takes the
@@ -24,7 +24,7 @@ from typing import Any
 
 from otel_graph.events import INT64_MAX
 from otel_graph.otlp_fast import attribute_head, encoded_attribute, encoded_attributes, keyed_string
-from otel_graph.spans import _type_text, _worker_id, dependency_keys, function_names, key_text
+from otel_graph.spans import MAX_DEPENDENCIES, _type_text, _worker_id, dependency_keys, function_names, key_text
 
 #: Entries each cache keeps at most; past it, it starts again empty.
 _CACHE_ENTRIES = 4096
@@ -43,6 +43,9 @@ class TaskAttributeEncoder:
         self._sizes: dict[int, bytes] = {}
         self._counts: dict[tuple[int, int], bytes] = {}
         self._functions: dict[str, bytes] = {}
+        #: Dependency sets of at most MAX_DEPENDENCIES keys: a collection's tasks depend on
+        #: the same keys compute after compute. Fewer entries: each holds its keys.
+        self._dependencies: dict[frozenset[Any], bytes] = {}
 
     def __call__(self, ev: Any, prefix: str, graph: Mapping | None, state: Mapping | None, memo: Any) -> bytes:
         """Raises where a field cannot be encoded: the generic path then logs and leaves it out."""
@@ -69,7 +72,15 @@ class TaskAttributeEncoder:
                     "dask.task.dependency_count": counted[0], "dask.task.dependent_count": counted[1]}, memo))
             parts.append(counts)
             if deps:
-                parts.append(encoded_attribute("dask.task.dependencies", dependency_keys(deps), memo))
+                if len(deps) <= MAX_DEPENDENCIES:
+                    known = frozenset(deps)
+                    listed = self._dependencies.get(known)
+                    if listed is None:
+                        listed = _remember(self._dependencies, known, encoded_attribute(
+                            "dask.task.dependencies", dependency_keys(deps), memo), limit=_CACHE_ENTRIES // 4)
+                else:
+                    listed = encoded_attribute("dask.task.dependencies", dependency_keys(deps), memo)
+                parts.append(listed)
         if graph is not None:
             functions = function_names(graph.get(key))
             if functions:
@@ -81,8 +92,8 @@ class TaskAttributeEncoder:
         return b"".join(parts)
 
 
-def _remember(cache: dict, key: Any, value: bytes) -> bytes:
-    if len(cache) >= _CACHE_ENTRIES:
+def _remember(cache: dict, key: Any, value: bytes, *, limit: int = _CACHE_ENTRIES) -> bytes:
+    if len(cache) >= limit:
         cache.clear()
     cache[key] = value
     return value
