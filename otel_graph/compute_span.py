@@ -143,19 +143,16 @@ class ComputeSpan(trace.Span):
                  **(attributes or {})}
         self.add_event("exception", event, timestamp)
 
-    def end(self, end_time: int | None = None) -> None:
+    def end(self, end_time: int | None = None, *, into: Any = None) -> None:
+        """End the span and hand it to the processors; or, given ``into`` (an ``EncodedBatch``
+        of this span's emitter), keep it there, to be queued with its compute's task spans."""
         if self._end is not None:
             return
         self._end = end_time or time.time_ns()
+        if into is not None:
+            into.add(self._name, self._context, self._parent, self._start, self._end, self._attributes,
+                     tuple(self._events), self._status)
+            return
         self._emitter.hand_over(name=self._name, context=self._context, parent=self._parent,
                                 start_ns=self._start, end_ns=self._end, attributes=self._attributes,
                                 events=tuple(self._events), status=self._status)
-
-    def end_into(self, batch: Any, end_time: int) -> None:
-        """:meth:`end`, the span kept in ``batch`` (an ``EncodedBatch`` of this span's emitter)
-        to be queued with its compute's task spans."""
-        if self._end is not None:
-            return
-        self._end = end_time
-        batch.add(self._name, self._context, self._parent, self._start, end_time, self._attributes,
-                  tuple(self._events), self._status)

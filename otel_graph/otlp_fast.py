@@ -239,8 +239,7 @@ def _attribute(field: bytes, name: str, value: Any, heads: dict[str, bytes]) -> 
     """One KeyValue as ``field``; ``heads`` caches the key part (the key, then the value's tag)."""
     head = heads.get(name)
     if head is None:
-        encoded = name.encode() if type(name) is str else _utf8(name)
-        head = heads[name] = (_field(_KV_KEY, encoded) if encoded else b"") + _KV_VALUE
+        head = heads[name] = attribute_head(name)
     value_bytes = (_ANY.get(type(value)) or _any_encoder(value))(value)
     n = len(value_bytes)
     return _field(field, head + (_BYTE[n] if n < 128 else _varint(n)) + value_bytes)
@@ -260,7 +259,7 @@ def keyed_string(head: bytes, text: str) -> bytes:
 
 def attribute_head(name: str) -> bytes:
     """The part of an attribute's KeyValue before its value's length: its key, then the value's tag."""
-    encoded = name.encode()
+    encoded = name.encode() if type(name) is str else _utf8(name)
     return (_field(_KV_KEY, encoded) if encoded else b"") + _KV_VALUE
 
 
@@ -324,11 +323,7 @@ def span_entry(context: Any, parent: Any, name: str, kind: SpanKind, start: int 
 def _opening(trace_id: int, span_id: int, kind: bytes, parent: Any, trace_state: Any, name: str,
              start: int | None, end: int | None, memo: _Memo) -> list[bytes]:
     """A span entry's fields before its attributes: ids, kind, parent, trace state, name, times."""
-    last_trace, trace = memo.trace
-    if last_trace != trace_id:
-        trace = _TRACE_ID_16 + trace_id.to_bytes(16, "big")
-        memo.trace = (trace_id, trace)
-    parts = [trace, _SPAN_ID_8 + span_id.to_bytes(8, "big"), kind]
+    parts = [_trace_field(trace_id, memo), _SPAN_ID_8 + span_id.to_bytes(8, "big"), kind]
     if parent:
         last, fields = memo.parent
         if parent is not last:
@@ -341,13 +336,24 @@ def _opening(trace_id: int, span_id: int, kind: bytes, parent: Any, trace_state:
         parts.append(_trace_state(trace_state))
     if name:
         parts.append(_name(name, memo))
-    if start and end:
-        parts.append(_TIMES(_START_KEY, start, _END_KEY, end))
-    elif start:
-        parts.append(_START + _U64(start))
-    elif end:
-        parts.append(_END + _U64(end))
+    parts.append(_times(start, end))
     return parts
+
+
+def _trace_field(trace_id: int, memo: _Memo) -> bytes:
+    """The trace id's field; spans come in runs of one trace, so the last one is remembered."""
+    last, field = memo.trace  # one read: the memo may be shared by threads
+    if last != trace_id:
+        field = _TRACE_ID_16 + trace_id.to_bytes(16, "big")
+        memo.trace = (trace_id, field)
+    return field
+
+
+def _times(start: int | None, end: int | None) -> bytes:
+    """The start and end time fields; a time of 0 or None is left out, as stock leaves it."""
+    if start and end:
+        return _TIMES(_START_KEY, start, _END_KEY, end)
+    return (_START + _U64(start) if start else b"") + (_END + _U64(end) if end else b"")
 
 
 def _trace_state(trace_state: Any) -> bytes:
@@ -371,18 +377,14 @@ def child_entry(parent: Any, span_id: int, name: str, start: int, end: int, attr
     fields (the trace id before the span's own id, the rest after) are made once."""
     last, trace, after = memo.child
     if parent is not last:
-        trace_id = parent.trace_id
-        if memo.trace[0] != trace_id:
-            memo.trace = (trace_id, _TRACE_ID_16 + trace_id.to_bytes(16, "big"))
-        trace = memo.trace[1]
+        trace = _trace_field(parent.trace_id, memo)
         after = _INTERNAL + _PARENT_SPAN_ID_8 + parent.span_id.to_bytes(8, "big") + _SPAN_FLAGS[bool(parent.is_remote)]
         if parent.trace_state:
             after += _trace_state(parent.trace_state)
         memo.child = (parent, trace, after)
     named = memo.names.get(name) or _name(name, memo) if name else b""
     body = b"".join((trace, _SPAN_ID_8, span_id.to_bytes(8, "big"), after, named,
-                     _TIMES(_START_KEY, start, _END_KEY, end) if start and end else _START + _U64(start) if start else
-                     _END + _U64(end) if end else b"", attributes, _EMPTY_STATUS))
+                     _times(start, end), attributes, _EMPTY_STATUS))
     return _field(_SS_SPANS, body)
 
 

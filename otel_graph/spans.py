@@ -377,8 +377,9 @@ class DirectEmitter:
         return True
 
     def encoded_batch(self) -> EncodedBatch | None:
-        """Somewhere to keep spans :meth:`encoded_child` encodes, to queue them together
-        (:meth:`EncodedBatch.queue`); None where spans are not encoded as they end."""
+        """Somewhere to keep spans :meth:`encoded_child` (and :meth:`EncodedBatch.add`) encode, to
+        queue them together (:meth:`EncodedBatch.queue`); None where spans are not encoded as they
+        end, or where a span limit bites."""
         encoding = self._encoding_now()
         return None if encoding is None else EncodedBatch(self, *encoding)
 
@@ -413,11 +414,7 @@ class DirectEmitter:
             encoding = self._encoder()
             if encoding is not None:
                 processors, parts = encoding
-                try:
-                    encoded = (parts.span_entry(context, parent, name, SpanKind.INTERNAL, start_ns, end_ns, attributes,
-                                                events, (), status, parts.memo), parts.origin)
-                except Exception:  # noqa: BLE001 - as a ReadableSpan, the exporter refuses it alone
-                    encoded = None
+                encoded = _encoded(parts, name, context, parent, start_ns, end_ns, attributes, events, status)
                 if encoded is not None:
                     self._queue_encoded(processors, parts, encoded)
                     return
@@ -445,16 +442,14 @@ class EncodedBatch(list):  # type: ignore[type-arg]
     def add(self, name: str, context: Any, parent: Any, start_ns: int, end_ns: int, attributes: dict[str, Any],
             events: tuple[Any, ...], status: Status) -> None:
         """A finished span, as :meth:`DirectEmitter.hand_over` takes it, encoded into this batch
-        (or, where it cannot be encoded, handed over on its own)."""
-        parts = self.parts
-        try:
-            entry = parts.span_entry(context, parent, name, SpanKind.INTERNAL, start_ns, end_ns, attributes, events,
-                                     (), status, parts.memo)
-        except Exception:  # noqa: BLE001 - as a ReadableSpan, the exporter refuses it alone
+        (or, where it cannot be encoded, handed over on its own). No span limit applies: a
+        batch is only made where none bites (:meth:`DirectEmitter.encoded_batch`)."""
+        encoded = _encoded(self.parts, name, context, parent, start_ns, end_ns, attributes, events, status)
+        if encoded is None:
             self.emitter.hand_over(name=name, context=context, parent=parent, start_ns=start_ns, end_ns=end_ns,
                                    attributes=attributes, events=events, status=status)
-            return
-        self.append((entry, parts.origin))
+        else:
+            self.append(encoded)
 
     def queue(self) -> None:
         if self:
@@ -462,6 +457,17 @@ class EncodedBatch(list):  # type: ignore[type-arg]
             for processor in self.processors:
                 processor.on_end_encoded_many(self)
             self.clear()
+
+
+def _encoded(parts: _Encoding, name: str, context: Any, parent: Any, start_ns: int, end_ns: int,
+             attributes: dict[str, Any], events: tuple[Any, ...], status: Status) -> tuple[bytes, int] | None:
+    """A finished INTERNAL span encoded as it is queued, ``(entry, origin)``; None where it cannot
+    be encoded: as a ReadableSpan, the exporter then refuses it alone."""
+    try:
+        return parts.span_entry(context, parent, name, SpanKind.INTERNAL, start_ns, end_ns, attributes, events, (),
+                                status, parts.memo), parts.origin
+    except Exception:  # noqa: BLE001
+        return None
 
 
 class _Encoding:

@@ -230,7 +230,7 @@ class Tracker:
         self.processing_errors = 0
         self.begin_errors = 0
         #: Spans whose making raised (:meth:`_span_failed`): task and aggregate spans, and a small
-        #: compute's root span, queued with its tasks.
+        #: compute's root span when the batch it went in with its tasks was refused.
         self.span_errors = 0
         self._forked = False
         self._thread = threading.Thread(target=self._run, name="otel-graph-tracker", daemon=True)
@@ -700,7 +700,7 @@ class Tracker:
             span.set_attribute("error.type", info.type_name)
             span.set_status(Status(StatusCode.ERROR, f"{info.type_name}: {info.message}"[:1024]))
         if batch is not None and type(span) is ComputeSpan:
-            span.end_into(batch, record.end_ns)
+            span.end(end_time=record.end_ns, into=batch)
         else:
             span.end(end_time=record.end_ns)
         _end_outer(record, record.end_ns)

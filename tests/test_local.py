@@ -97,6 +97,7 @@ def test_a_callable_is_named_by_itself_not_by_one_that_had_its_id(telemetry):
         return x
 
     assert dask.get({"k": (first, 1)}, "k") == 1
+    assert telemetry.handle.flush(timeout_s=10)
     addresses = {id(first)}
     del first
     gc.collect()
@@ -106,6 +107,7 @@ def test_a_callable_is_named_by_itself_not_by_one_that_had_its_id(telemetry):
 
         later.__name__ = later.__qualname__ = f"later_{step}"
         assert dask.get({"k": (later, 1)}, "k") == 1 + step
+        assert telemetry.handle.flush(timeout_s=10)  # its record, holding it, let go
         addresses.add(id(later))
     assert len(addresses) < 51  # addresses were reused: the case is exercised
     names = [s.attributes["code.function.name"] for s in telemetry.spans() if s.name == "k"]

@@ -164,3 +164,40 @@ def test_spans_queued_together_that_a_processor_refuses_are_each_counted(caplog:
         assert sum("making a span raised" in r.getMessage() for r in caplog.records) == 1
     finally:
         tracker.stop(5)
+
+
+def test_a_halt_in_the_middle_of_a_batched_drain_queues_what_was_built() -> None:
+    """stop(drain=False) landing while a small compute's encoded spans are being batched: the
+    spans already made are queued (counted as made, they must go out), the rest and the root
+    stay counted as unbuilt."""
+    from opentelemetry.metrics import NoOpMeter
+
+    from otel_graph.metrics import TaskMetrics
+    from otel_graph.tracker import Tracker
+
+    tracker: Tracker
+
+    class Halting(DirectEmitter):  # the halt lands as the second task span is made
+        made = 0
+
+        def encoded_child(self, *args: Any, **kwargs: Any) -> bool:
+            self.made += 1
+            if self.made == 2:
+                tracker._halt = True  # what stop(drain=False) sets, from the exit hook's thread
+            return super().encoded_child(*args, **kwargs)
+
+    provider = TracerProvider(resource=RESOURCE)
+    encoded = Encoded()
+    provider.add_span_processor(encoded)
+    tracker = Tracker(tracer=provider.get_tracer("test"), emitter=Halting(provider, SCOPE),
+                      metrics=TaskMetrics(NoOpMeter("test")), max_task_spans=1000, drain_interval_s=60)
+    try:
+        record = tracker.begin("sync")
+        assert record is not None and record.inline
+        record.submitted = 5
+        record.sink.extend((f"k-{i}", 1, 2, 1, 1, 8, "int", None) for i in range(5))
+        tracker.end(record, None)
+        assert len(encoded.spans) == 2  # made before the halt, and queued
+        assert tracker.unprocessed() == 5 - 2 + 1  # three task spans and the root never made
+    finally:
+        tracker.stop(1, drain=False)
