@@ -327,7 +327,7 @@ def _opening(trace_id: int, span_id: int, kind: bytes, parent: Any, trace_state:
     if parent:
         last, fields = memo.parent
         if parent is not last:
-            fields = _PARENT_SPAN_ID_8 + parent.span_id.to_bytes(8, "big") + _SPAN_FLAGS[bool(parent.is_remote)]
+            fields = _parent_fields(parent)
             memo.parent = (parent, fields)
         parts.append(fields)
     else:
@@ -338,6 +338,11 @@ def _opening(trace_id: int, span_id: int, kind: bytes, parent: Any, trace_state:
         parts.append(_name(name, memo))
     parts.append(_times(start, end))
     return parts
+
+
+def _parent_fields(parent: Any) -> bytes:
+    """The parent's span id field, then the flags field (which says whether it is remote)."""
+    return _PARENT_SPAN_ID_8 + parent.span_id.to_bytes(8, "big") + _SPAN_FLAGS[bool(parent.is_remote)]
 
 
 def _trace_field(trace_id: int, memo: _Memo) -> bytes:
@@ -378,12 +383,11 @@ def child_entry(parent: Any, span_id: int, name: str, start: int, end: int, attr
     last, trace, after = memo.child
     if parent is not last:
         trace = _trace_field(parent.trace_id, memo)
-        after = _INTERNAL + _PARENT_SPAN_ID_8 + parent.span_id.to_bytes(8, "big") + _SPAN_FLAGS[bool(parent.is_remote)]
+        after = _INTERNAL + _parent_fields(parent)
         if parent.trace_state:
             after += _trace_state(parent.trace_state)
         memo.child = (parent, trace, after)
-    named = memo.names.get(name) or _name(name, memo) if name else b""
-    body = b"".join((trace, _SPAN_ID_8, span_id.to_bytes(8, "big"), after, named,
+    body = b"".join((trace, _SPAN_ID_8, span_id.to_bytes(8, "big"), after, _name(name, memo) if name else b"",
                      _times(start, end), attributes, _EMPTY_STATUS))
     return _field(_SS_SPANS, body)
 
