@@ -274,7 +274,10 @@ class DirectEmitter:
         from otel_graph.sdk_internals import follows_parent, processors_behind, span_processor
 
         self._processor = span_processor(provider)
-        self._processors_behind = processors_behind
+        #: The provider's processor, where its list of processors can be read (each span asks
+        #: whether that list changed: one attribute read, the release's layout checked here once).
+        self._multi = self._processor if self._processor is not None and processors_behind(self._processor) \
+            is not None else None
         self._resource = provider.resource
         self._scope = scope
         self._readable = ReadableSpan
@@ -314,30 +317,31 @@ class DirectEmitter:
             self._parent = (parent, parent_context)
         return parent_context
 
-    def _current_processors(self) -> tuple[Any, ...] | None:
-        """The provider's span processors now (the same object while unchanged), or None."""
-        return self._processors_behind(self._processor) if self._processor is not None else None
-
     def queues_only(self) -> bool:
         """Whether every processor on the provider is one of otel_graph's, which queue a span
         and return: then spans may be made in the user's thread, and a root span needs no
         ``on_start``. Asked per compute (an application may add a processor of its own),
         answered from the last answer while the provider's list is the same object."""
-        current = self._current_processors()
-        if current is None:
+        multi = self._multi
+        if multi is None:
             return False
-        if current is not self._checked[0]:
-            self._checked = (current, current is not None and bool(current)
-                             and all(getattr(p, "never_blocks", False) for p in current))
-        return self._checked[1]
+        current = multi._span_processors
+        checked = self._checked  # one read: computes begin in several threads
+        if current is not checked[0]:
+            checked = self._checked = (current, bool(current) and all(getattr(p, "never_blocks", False)
+                                                                     for p in current))
+        return checked[1]
 
     def _encoder(self) -> tuple[Any, _Encoding] | None:
         """(processors, what encodes for them) while every processor takes encoded spans, else None.
         Asked per span (a cluster's ledger may start reading delivered spans), answered from
         the last answer while the provider's processors are the same."""
-        current = self._current_processors()
+        multi = self._multi
+        if multi is None:
+            return None
+        current = multi._span_processors
         known, parts = self._encoding
-        if current is None or current is not known:
+        if current is not known:
             parts = None
             if current and all(getattr(p, "takes_encoded", False) for p in current):
                 parts = _Encoding(self._resource, self._scope)
@@ -349,37 +353,10 @@ class DirectEmitter:
                 return None
         return current, parts
 
-    def encoded_child(self, parent: trace.Span, name: str, start_ns: int, end_ns: int,
-                      attributes: Callable[..., bytes], *args: Any, into: EncodedBatch | None = None) -> bool:
-        """A child of ``parent`` (status UNSET, no events), its attributes encoded by
-        ``attributes(*args, memo)`` with :mod:`otel_graph.otlp_fast`'s encoders, queued encoded
-        (or kept in ``into``, an :meth:`encoded_batch`, queued with it): no attribute dict, no
-        span context, no ``ReadableSpan`` made. False, having done nothing, where spans are not
-        encoded as they end or ``attributes`` raised: then :meth:`emit` it."""
-        if into is not None:
-            processors, parts = into.processors, into.parts
-        else:
-            encoding = self._encoding_now()
-            if encoding is None:
-                return False
-            processors, parts = encoding
-        parent_context = self._context_of(parent)
-        memo = parts.memo
-        try:
-            entry = parts.child_entry(parent_context, self._random.getrandbits(64) or 1, name, start_ns, end_ns,
-                                      attributes(*args, memo), memo)
-        except Exception:  # noqa: BLE001 - the generic path logs the attribute and leaves it out
-            return False
-        if into is not None:
-            into.append((entry, parts.origin))
-        else:
-            self._queue_encoded(processors, parts, (entry, parts.origin))
-        return True
-
     def encoded_batch(self) -> EncodedBatch | None:
-        """Somewhere to keep spans :meth:`encoded_child` (and :meth:`EncodedBatch.add`) encode, to
-        queue them together (:meth:`EncodedBatch.queue`); None where spans are not encoded as they
-        end, or where a span limit bites."""
+        """Somewhere to encode spans as they end (:meth:`EncodedBatch.add_tasks`, :meth:`EncodedBatch.add`),
+        to queue them together (:meth:`EncodedBatch.queue`); None where spans are not encoded as
+        they end, or where a span limit bites."""
         encoding = self._encoding_now()
         return None if encoding is None else EncodedBatch(self, *encoding)
 
@@ -450,6 +427,34 @@ class EncodedBatch(list):  # type: ignore[type-arg]
                                    attributes=attributes, events=events, status=status)
         else:
             self.append(encoded)
+
+    def add_tasks(self, parent: trace.Span, events: Sequence[TaskEvent], prefixes: Sequence[str],
+                  names: Sequence[str], encode: Callable[..., bytes], graph: Any, state: Any) -> list[int]:
+        """The spans of tasks that succeeded, children of ``parent`` (status UNSET, no events),
+        encoded into this batch in one loop: no attribute dict, no span context, no
+        ``ReadableSpan``. Their attributes are ``encode(ev, prefix, graph, state, memo)``
+        (:class:`otel_graph.task_encoding.TaskAttributeEncoder`).
+
+        Returns the positions of the events left out, for :meth:`DirectEmitter.emit` to make:
+        failed tasks (their spans carry an exception event), and those whose attributes
+        raised (the generic path logs the attribute and leaves it out)."""
+        parts = self.parts
+        memo, child_entry, origin = parts.memo, parts.child_entry, parts.origin
+        parent_context = self.emitter._context_of(parent)
+        span_id = self.emitter._random.getrandbits
+        left = []
+        for index, ev in enumerate(events):
+            if ev.error is not None:
+                left.append(index)
+                continue
+            try:
+                entry = child_entry(parent_context, span_id(64) or 1, names[index], ev.start_ns, ev.end_ns,
+                                    encode(ev, prefixes[index], graph, state, memo), memo)
+            except Exception:  # noqa: BLE001 - made the generic way, which says what it left out
+                left.append(index)
+                continue
+            self.append((entry, origin))
+        return left
 
     def queue(self) -> None:
         if self:

@@ -31,6 +31,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 from opentelemetry import trace
@@ -92,7 +93,7 @@ class ComputeRecord:
     __slots__ = ("scheduler", "span", "context", "start_ns", "end_ns", "error", "sink", "submitted",
                  "lost", "seen", "in_spans", "graph", "state", "plan", "sampled", "graph_tasks", "cluster",
                  "cluster_events", "task_span_ids", "caller", "parents", "assign_ids", "in_backlog",
-                 "progress_ns", "progress_spans", "outer", "claimed", "inline")
+                 "progress_ns", "progress_spans", "outer", "claimed", "inline", "batch")
 
     def __init__(self, scheduler: str, span: trace.Span, start_ns: int, *, assign_ids: bool = False) -> None:
         self.scheduler = scheduler
@@ -137,6 +138,8 @@ class ComputeRecord:
         self.claimed = False
         #: Drained inline when it ends, if small (its root is then a light one: compute_span).
         self.inline = False
+        #: While a drain makes its spans: where they are encoded, to be queued together (or None).
+        self.batch: Any = None
 
     def all_reported(self) -> bool:
         """Every submitted task has its event (seen, or waiting in the sink) or was lost."""
@@ -188,12 +191,12 @@ class Tracker:
         if self._queues_only is not None:  # a DirectEmitter, which loaded sdk_internals already
             from otel_graph.sdk_internals import tracer_enabled
 
-            self._tracer_enabled = tracer_enabled
+            self._tracer_enabled = partial(tracer_enabled, tracer)
         #: The computes being drained inline: a flush waits for those begun before it.
         self._inline: set[ComputeRecord] = set()
         # A successful task's span is encoded straight from its record where the emitter can
-        # (otel_graph.task_encoding): no attribute dict, no span context.
-        self._encoded_child = getattr(emitter, "encoded_child", None)
+        # (otel_graph.task_encoding), into a batch queued at once: no attribute dict, no span
+        # context, one lock round trip per batch.
         self._encoded_batch = getattr(emitter, "encoded_batch", None)
         self._task_encoder = TaskAttributeEncoder()
         self._metrics = metrics
@@ -263,7 +266,7 @@ class Tracker:
             return None
         start = time.time_ns()
         light = scheduler != "distributed" and self._queues_only is not None and self._queues_only() \
-            and self._tracer_enabled(self._tracer)
+            and self._tracer_enabled()
         if light:
             span = start_compute_span(self._emitter, "dask.compute", start_ns=start,
                                       attributes={"dask.scheduler": scheduler})
@@ -509,32 +512,40 @@ class Tracker:
         if plan is None:
             plan = record.plan = SpanPlan(
                 budget=self._budget,
-                emit=lambda ev, prefix: self._task_span(record, ev, prefix),
+                emit=lambda ev, prefix: self._task_span(record, ev, prefix, record.batch),
                 emit_aggregate=lambda agg: self._aggregate_span(record, agg),
                 keep=record.task_span_ids,
             )
         with self._building:
             taken = self._take(record)
         count = len(taken)
-        # Plain tuples until now (see task_runner.execute). Made TaskEvents a slice at a time,
-        # so that those not kept die young: 10^5 at once outlived two collections, and
-        # their promotion set off a full one (~0.1 s) on the tracker's drain.
-        for start in range(0, count, EVENT_SLICE):
+        batch = record.batch = self._batch() if record.sampled else None
+        try:
+            # Plain tuples until now (see task_runner.execute). Made TaskEvents a slice at a time,
+            # so that those not kept die young: 10^5 at once outlived two collections, and
+            # their promotion set off a full one (~0.1 s) on the tracker's drain.
+            for start in range(0, count, EVENT_SLICE):
+                if self._halt:
+                    return
+                self._consume(record, plan, list(map(TaskEvent._make, taken[start:start + EVENT_SLICE])))
+                if batch:  # a slice's spans go out as they are made, not at the drain's end
+                    self._queue_batch(batch)
             if self._halt:
                 return
-            self._consume(record, plan, list(map(TaskEvent._make, taken[start:start + EVENT_SLICE])))
-        if self._halt:
-            return
-        if record.end_ns is None:
-            try:
-                self._progress(record)
-            except Exception:  # a progress span refused must not end a compute still running
-                self.processing_errors += 1
-                logger.debug("otel_graph: failed to emit a progress span", exc_info=True)
-            return
-        settled = record.seen + record.lost >= record.submitted
-        if settled or time.time_ns() - record.end_ns > STRAGGLER_WAIT_NS:
-            self._finish(record, plan)
+            if record.end_ns is None:
+                try:
+                    self._progress(record)
+                except Exception:  # a progress span refused must not end a compute still running
+                    self.processing_errors += 1
+                    logger.debug("otel_graph: failed to emit a progress span", exc_info=True)
+                return
+            settled = record.seen + record.lost >= record.submitted
+            if settled or time.time_ns() - record.end_ns > STRAGGLER_WAIT_NS:
+                self._finish(record, plan, batch)
+        finally:
+            record.batch = None
+            if batch:
+                self._queue_batch(batch)
 
     def _drain_whole(self, record: ComputeRecord) -> None:
         """A compute that ended, all its tasks reported, within the first half of the span
@@ -577,8 +588,7 @@ class Tracker:
         if plan is not None:
             plan.add(events, prefixes)
             return
-        for ev, prefix in zip(events, prefixes):
-            self._task_span(record, ev, prefix, batch)
+        self._task_spans(record, events, prefixes, batch)
 
     def _batch(self) -> Any:
         """Somewhere to keep encoded spans to queue together (one lock round trip per
@@ -620,6 +630,23 @@ class Tracker:
         self._emitter.emit(parent=record.span, name=PROGRESS_SPAN, start_ns=since, end_ns=now,
                            attributes=attributes)
 
+    def _task_spans(self, record: ComputeRecord, events: list[TaskEvent], prefixes: list[str], batch: Any) -> None:
+        """A span for each of ``events``: those ``batch`` can take encoded in one go, the rest one by one."""
+        left: Any = range(len(events))
+        if batch is not None and not record.task_span_ids:  # a task's given span id is set the generic way
+            with self._building:
+                if self._halt:
+                    return  # counted as unbuilt
+                span_name = self._metrics.span_name
+                try:
+                    left = batch.add_tasks(record.span, events, prefixes, [span_name(p) for p in prefixes],
+                                           self._task_encoder, record.graph, record.state)
+                except Exception:  # noqa: BLE001 - before any was added (the parent's context): one by one
+                    logger.debug("otel_graph: encoding a batch of task spans failed", exc_info=True)
+                record.in_spans += len(events) - len(left)
+        for index in left:
+            self._task_span(record, events[index], prefixes[index])
+
     def _task_span(self, record: ComputeRecord, ev: TaskEvent, prefix: str, batch: Any = None) -> None:
         ids = record.task_span_ids
         # Only a DirectEmitter gives ids out (sets_span_ids), and only it takes span_id=.
@@ -630,9 +657,9 @@ class Tracker:
             record.in_spans += 1
             name = self._metrics.span_name(prefix)
             try:
-                if extra is _NO_EXTRA and ev.error is None and self._encoded_child is not None \
-                        and self._encoded_child(record.span, name, ev.start_ns, ev.end_ns, self._task_encoder, ev,
-                                                prefix, record.graph, record.state, into=batch):
+                if extra is _NO_EXTRA and batch is not None \
+                        and not batch.add_tasks(record.span, (ev,), (prefix,), (name,), self._task_encoder,
+                                                record.graph, record.state):
                     return
                 self._emitter.emit(parent=record.span, name=name, start_ns=ev.start_ns, end_ns=ev.end_ns,
                                    attributes=task_attributes(ev, prefix, record.graph, record.state), error=ev.error,
@@ -678,10 +705,10 @@ class Tracker:
         """Task metrics for runs a lost worker finished but never exported (from any thread)."""
         self._metrics.record_recovered(prefix, failed=failed, count=count, duration_s=duration_s)
 
-    def _finish(self, record: ComputeRecord, plan: SpanPlan) -> None:
+    def _finish(self, record: ComputeRecord, plan: SpanPlan, batch: Any = None) -> None:
         with self._building:  # its spans, the root's end and its leaving the count, as one
             if not self._halt:
-                self._end(record, plan)
+                self._end(record, plan, batch)
 
     def _end(self, record: ComputeRecord, plan: SpanPlan | None, batch: Any = None) -> None:
         if plan is not None:

@@ -22,9 +22,9 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 
 from graphs import add, inc
-from otel_graph.events import TaskEvent, task_prefix
+from otel_graph.events import ErrorInfo, TaskEvent, task_prefix
 from otel_graph.otlp_fast import encode_spans_fast
-from otel_graph.spans import DirectEmitter, task_attributes
+from otel_graph.spans import DirectEmitter, EncodedBatch, task_attributes
 from otel_graph.task_encoding import TaskAttributeEncoder
 
 RESOURCE = Resource({"service.name": "encoding-test"})
@@ -75,11 +75,11 @@ def _events(graph: dict) -> list[TaskEvent]:
             for i, key in enumerate(graph)]
 
 
-@pytest.mark.parametrize("batched", [False, True])
+@pytest.mark.parametrize("together", [False, True])
 @pytest.mark.parametrize("trace_state", [None, TraceState([("vendor", "on")])])
 @pytest.mark.parametrize("with_state", [True, False])
 def test_task_spans_encoded_from_records_equal_stock(trace_state: TraceState | None, with_state: bool,
-                                                     batched: bool) -> None:
+                                                     together: bool) -> None:
     graph = _graph()
     state = start_state_from_dask(graph, cache={}) if with_state else None
     parent = NonRecordingSpan(SpanContext(0xFEED, 0xBEEF, False, TraceFlags(1), trace_state))
@@ -101,14 +101,17 @@ def test_task_spans_encoded_from_records_equal_stock(trace_state: TraceState | N
     emitter = DirectEmitter(fast, SCOPE)
     emitter._random.seed(5)
     encoder = TaskAttributeEncoder()
-    batch = emitter.encoded_batch() if batched else None
-    for ev in events:
-        prefix = task_prefix(ev.key)
-        assert emitter.encoded_child(parent, prefix, ev.start_ns, ev.end_ns, encoder, ev, prefix,
-                                     graph if with_state else None, state, into=batch)
-    if batch is not None:
-        assert encoded.spans == []  # kept until queued, then queued at once
-        batch.queue()
+    batch = emitter.encoded_batch()
+    assert batch is not None
+    prefixes = [task_prefix(ev.key) for ev in events]
+    if together:  # a small compute's tasks, in one loop
+        assert batch.add_tasks(parent, events, prefixes, prefixes, encoder, graph if with_state else None, state) == []
+    else:  # one at a time, as a span plan hands them out
+        for ev, prefix in zip(events, prefixes):
+            assert batch.add_tasks(parent, (ev,), (prefix,), (prefix,), encoder, graph if with_state else None,
+                                   state) == []
+    assert encoded.spans == []  # kept until queued, then queued at once
+    batch.queue()
 
     expected = encode_spans(finished.get_finished_spans())
     assert len(encoded.spans) == len(events)
@@ -118,21 +121,32 @@ def test_task_spans_encoded_from_records_equal_stock(trace_state: TraceState | N
     assert ("code.function.name" in named) is with_state
 
 
-def test_an_encoder_that_raises_queues_nothing() -> None:
-    """Attributes that cannot be encoded leave nothing queued and say so (False): the tracker
-    then hands the span over the generic way, which logs and leaves out what it cannot encode."""
+def test_tasks_a_batch_cannot_encode_are_left_to_the_generic_path() -> None:
+    """Attributes that cannot be encoded, and failed tasks, leave nothing in the batch and are
+    named: the tracker then hands those spans over the generic way, which logs and leaves out
+    what it cannot encode, or adds the exception event."""
     provider = TracerProvider(resource=RESOURCE)
     encoded = Encoded()
     provider.add_span_processor(encoded)
     emitter = DirectEmitter(provider, SCOPE)
     parent = NonRecordingSpan(SpanContext(1, 2, False, TraceFlags(1)))
-    ev = TaskEvent("bad-\udcff", 1, 2, 3, 3, 8, "int", None)
+    bad = TaskEvent("bad-\udcff", 1, 2, 3, 3, 8, "int", None)
+    good = TaskEvent("good-1", 1, 2, 3, 3, 8, "int", None)
+    failed = TaskEvent("failed-1", 1, 2, 3, 3, -1, "", ErrorInfo("ValueError", "no", ""))
 
-    def refuse(*args: Any) -> bytes:
-        raise ValueError("cannot")
+    def refuse_bad(ev: TaskEvent, *args: Any) -> bytes:
+        if ev is bad:
+            raise ValueError("cannot")
+        return b""
 
-    assert not emitter.encoded_child(parent, "bad", 1, 2, refuse, ev)
-    assert encoded.spans == []
+    batch = emitter.encoded_batch()
+    assert batch is not None
+    assert batch.add_tasks(parent, [bad, good, failed], ["bad", "good", "failed"], ["bad", "good", "failed"],
+                           refuse_bad, None, None) == [0, 2]
+    assert len(batch) == 1
+    batch.queue()
+    (span,) = encode_spans_fast(encoded.spans).resource_spans[0].scope_spans[0].spans
+    assert span.name == "good"
 
 
 def test_spans_queued_together_that_a_processor_refuses_are_each_counted(caplog: pytest.LogCaptureFixture) -> None:
@@ -177,14 +191,15 @@ def test_a_halt_in_the_middle_of_a_batched_drain_queues_what_was_built() -> None
 
     tracker: Tracker
 
-    class Halting(DirectEmitter):  # the halt lands as the second task span is made
-        made = 0
+    class HaltingBatch(EncodedBatch):  # the halt lands as the task spans are made
+        def add_tasks(self, *args: Any) -> list[int]:
+            tracker._halt = True  # what stop(drain=False) sets, from the exit hook's thread
+            return super().add_tasks(*args)
 
-        def encoded_child(self, *args: Any, **kwargs: Any) -> bool:
-            self.made += 1
-            if self.made == 2:
-                tracker._halt = True  # what stop(drain=False) sets, from the exit hook's thread
-            return super().encoded_child(*args, **kwargs)
+    class Halting(DirectEmitter):
+        def encoded_batch(self) -> EncodedBatch | None:
+            made = super().encoded_batch()
+            return None if made is None else HaltingBatch(self, made.processors, made.parts)
 
     provider = TracerProvider(resource=RESOURCE)
     encoded = Encoded()
@@ -197,7 +212,7 @@ def test_a_halt_in_the_middle_of_a_batched_drain_queues_what_was_built() -> None
         record.submitted = 5
         record.sink.extend((f"k-{i}", 1, 2, 1, 1, 8, "int", None) for i in range(5))
         tracker.end(record, None)
-        assert len(encoded.spans) == 2  # made before the halt, and queued
-        assert tracker.unprocessed() == 5 - 2 + 1  # three task spans and the root never made
+        assert len(encoded.spans) == 5  # made in one go as the halt landed, and queued
+        assert tracker.unprocessed() == 1  # the root, never made
     finally:
         tracker.stop(1, drain=False)
