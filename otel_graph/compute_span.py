@@ -48,9 +48,8 @@ from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from otel_graph.events import describe_exception
-from otel_graph.spans import exception_event_attributes
+from otel_graph.spans import UNSET_STATUS, exception_event_attributes
 
-_UNSET = Status(StatusCode.UNSET)
 #: W3C's random-trace-id flag (SDK 1.45.2 and later set it, as this does where it exists).
 _RANDOM = getattr(TraceFlags, "RANDOM_TRACE_ID", 0)
 #: One of each, not one a compute: (sampled, random trace id) -> flags.
@@ -68,8 +67,7 @@ def start_compute_span(emitter: Any, name: str, *, start_ns: int, attributes: di
         parent = None
     ids = emitter.id_generator
     if parent is None:
-        trace_id = ids.generate_trace_id()
-        random = bool(getattr(ids, "is_trace_id_random", bool)())
+        trace_id, random = ids.generate_trace_id(), emitter.random_trace_ids
     else:
         trace_id, random = parent.trace_id, bool(getattr(parent.trace_flags, "random_trace_id", False))
     if emitter.follows_parent:  # the SDK's default sampler, decided as it decides
@@ -80,7 +78,7 @@ def start_compute_span(emitter: Any, name: str, *, start_ns: int, attributes: di
         sampled, recording = decision.decision.is_sampled(), decision.decision.is_recording()
         trace_state, attributes = decision.trace_state, dict(decision.attributes or {})
     span_context = SpanContext(trace_id, ids.generate_span_id(), is_remote=False,
-                               trace_flags=_FLAGS[sampled, random and bool(_RANDOM)], trace_state=trace_state)
+                               trace_flags=_FLAGS[sampled, random], trace_state=trace_state)
     if not recording:
         return NonRecordingSpan(span_context)
     return ComputeSpan(emitter, name, span_context, parent, start_ns, attributes)
@@ -102,7 +100,7 @@ class ComputeSpan(trace.Span):
         self._end: int | None = None
         self._attributes = attributes
         self._events: list[Any] = []  # the SDK's Event, made as the span's own add_event makes them
-        self._status = _UNSET
+        self._status = UNSET_STATUS
 
     def get_span_context(self) -> SpanContext:
         return self._context

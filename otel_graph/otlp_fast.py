@@ -60,7 +60,7 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.trace import Link, SpanKind, StatusCode
 
 __all__ = ["EncodedSpans", "child_entry", "encode_chunks", "encode_spans_fast", "encoded_attribute", "encoded_attributes",
-           "group_spans", "new_memo", "origin", "span_entry"]
+           "group_spans", "new_memo", "origin", "simple_entry", "span_entry"]
 
 _logger = logging.getLogger(__name__)
 
@@ -297,9 +297,9 @@ def span_entry(context: Any, parent: Any, name: str, kind: SpanKind, start: int 
                status: Any, memo: _Memo, dropped_attributes: int = 0, dropped_events: int = 0,
                dropped_links: int = 0) -> bytes:
     """A span's ``ScopeSpans.spans`` entry from its parts. The hot path: flat, locals for repeated reads."""
-    parts = _opening(context.trace_id, context.span_id, _INTERNAL if kind is SpanKind.INTERNAL else _KINDS[kind],
-                     parent, context.trace_state, name, start, end, memo)  # SpanKind's hash is Python code
-    parts.append(_attributes(_ATTRIBUTES, attributes, memo))
+    parts = [_head(context.trace_id, context.span_id, _INTERNAL if kind is SpanKind.INTERNAL else _KINDS[kind],
+                   parent, context.trace_state, name, start, end, memo),  # SpanKind's hash is Python code
+             _attributes(_ATTRIBUTES, attributes, memo)]
     for event in events:
         parts.append(_event(event, memo))
     for link in links:
@@ -320,24 +320,19 @@ def span_entry(context: Any, parent: Any, name: str, kind: SpanKind, start: int 
     return _field(_SS_SPANS, b"".join(parts))
 
 
-def _opening(trace_id: int, span_id: int, kind: bytes, parent: Any, trace_state: Any, name: str,
-             start: int | None, end: int | None, memo: _Memo) -> list[bytes]:
+def _head(trace_id: int, span_id: int, kind: bytes, parent: Any, trace_state: Any, name: str,
+          start: int | None, end: int | None, memo: _Memo) -> bytes:
     """A span entry's fields before its attributes: ids, kind, parent, trace state, name, times."""
-    parts = [_trace_field(trace_id, memo), _SPAN_ID_8 + span_id.to_bytes(8, "big"), kind]
     if parent:
         last, fields = memo.parent
         if parent is not last:
             fields = _parent_fields(parent)
             memo.parent = (parent, fields)
-        parts.append(fields)
     else:
-        parts.append(_SPAN_FLAGS[False])
-    if trace_state:
-        parts.append(_trace_state(trace_state))
-    if name:
-        parts.append(_name(name, memo))
-    parts.append(_times(start, end))
-    return parts
+        fields = _SPAN_FLAGS[False]
+    return b"".join((_trace_field(trace_id, memo), _SPAN_ID_8, span_id.to_bytes(8, "big"), kind, fields,
+                     _trace_state(trace_state) if trace_state else b"", _name(name, memo) if name else b"",
+                     _times(start, end)))
 
 
 def _parent_fields(parent: Any) -> bytes:
@@ -372,6 +367,14 @@ def _name(name: str, memo: _Memo) -> bytes:
         if type(name) is str:
             memo.names[name] = field
     return field
+
+
+def simple_entry(context: Any, parent: Any, name: str, start: int, end: int, attributes: Mapping[str, Any] | None,
+                 memo: _Memo) -> bytes:
+    """:func:`span_entry` of an INTERNAL span with status UNSET and no events or links (a small
+    compute's root, most often): the same bytes, in fewer steps."""
+    return _field(_SS_SPANS, _head(context.trace_id, context.span_id, _INTERNAL, parent, context.trace_state, name,
+                                   start, end, memo) + _attributes(_ATTRIBUTES, attributes, memo) + _EMPTY_STATUS)
 
 
 def child_entry(parent: Any, span_id: int, name: str, start: int, end: int, attributes: bytes, memo: _Memo) -> bytes:

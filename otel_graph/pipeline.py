@@ -38,7 +38,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from opentelemetry.sdk.metrics import Histogram as HistogramInstrument
@@ -167,7 +167,7 @@ class ReliableSpanProcessor(SpanProcessor):
         return None
 
     def on_end(self, span: ReadableSpan) -> None:
-        self._enqueue(span)
+        self._enqueue((span,), _weight(span))
 
     @property
     def on_delivered(self) -> Callable[[list[ReadableSpan]], None] | None:
@@ -182,14 +182,17 @@ class ReliableSpanProcessor(SpanProcessor):
 
     def on_end_encoded(self, span: tuple[bytes, int]) -> None:
         """A span encoded as it ended: ``(its entry, its origin)`` (:func:`otlp_fast.origin`)."""
-        self._enqueue(span)
+        self._enqueue((span,), _weight(span))
 
     def on_end_encoded_many(self, spans: list[tuple[bytes, int]]) -> None:
         """Spans encoded as they ended, queued together (one lock round trip)."""
-        self._enqueue(*spans)
+        weight = len(spans)  # each span's _weight, summed without a call per span
+        for entry, _ in spans:
+            if len(entry) >= SPAN_BYTES:
+                weight += len(entry) // SPAN_BYTES
+        self._enqueue(spans, weight)
 
-    def _enqueue(self, *spans: Queued) -> None:
-        weight = sum(map(_weight, spans))
+    def _enqueue(self, spans: Sequence[Queued], weight: int) -> None:
         with self._lock:  # so a span cannot slip in after deliver_remaining has counted the queue
             if self._stopped:
                 self.undelivered += len(spans)

@@ -234,12 +234,13 @@ def exception_event_attributes(error: ErrorInfo) -> dict[str, str]:
     }
 
 
-_UNSET = Status(StatusCode.UNSET)
+#: The status of a span that did not fail; the encoders know it by identity.
+UNSET_STATUS = Status(StatusCode.UNSET)
 
 
 def _status(error: ErrorInfo | None) -> Status:
     if error is None:
-        return _UNSET
+        return UNSET_STATUS
     return Status(StatusCode.ERROR, f"{error.type_name}: {error.message}"[:1024])
 
 
@@ -285,6 +286,8 @@ class DirectEmitter:
         self.event = Event
         #: What a root span is made with (otel_graph.compute_span), as the provider's tracer would.
         self.sampler, self.id_generator = provider.sampler, provider.id_generator
+        #: Whether its trace ids are random (W3C's flag for a root span says so).
+        self.random_trace_ids = bool(getattr(self.id_generator, "is_trace_id_random", bool)())
         #: The sampler is the SDK's default: a root span's decision needs no call to it.
         self.follows_parent = follows_parent(provider.sampler)
         self._checked: tuple[Any, bool] = (None, False)
@@ -357,12 +360,8 @@ class DirectEmitter:
         """Somewhere to encode spans as they end (:meth:`EncodedBatch.add_tasks`, :meth:`EncodedBatch.add`),
         to queue them together (:meth:`EncodedBatch.queue`); None where spans are not encoded as
         they end, or where a span limit bites."""
-        encoding = self._encoding_now()
+        encoding = None if self._limits is not None else self._encoder()
         return None if encoding is None else EncodedBatch(self, *encoding)
-
-    def _encoding_now(self) -> tuple[Any, _Encoding] | None:
-        """:meth:`_encoder`'s answer where a span can be encoded without its limits (no limits bite)."""
-        return None if self._limits is not None else self._encoder()
 
     def _queue_encoded(self, processors: Any, parts: _Encoding, encoded: tuple[bytes, int]) -> None:
         self._bound_memo(parts)
@@ -469,6 +468,8 @@ def _encoded(parts: _Encoding, name: str, context: Any, parent: Any, start_ns: i
     """A finished INTERNAL span encoded as it is queued, ``(entry, origin)``; None where it cannot
     be encoded: as a ReadableSpan, the exporter then refuses it alone."""
     try:
+        if status is UNSET_STATUS and not events:
+            return parts.simple_entry(context, parent, name, start_ns, end_ns, attributes, parts.memo), parts.origin
         return parts.span_entry(context, parent, name, SpanKind.INTERNAL, start_ns, end_ns, attributes, events, (),
                                 status, parts.memo), parts.origin
     except Exception:  # noqa: BLE001
@@ -479,12 +480,12 @@ class _Encoding:
     """What encodes spans as they end, for one set of processors: the encoders, their memo,
     and the number of the spans' (resource, scope)."""
 
-    __slots__ = ("span_entry", "child_entry", "memo", "origin")
+    __slots__ = ("span_entry", "simple_entry", "child_entry", "memo", "origin")
 
     def __init__(self, resource: Any, scope: Any) -> None:
-        from otel_graph.otlp_fast import child_entry, new_memo, origin, span_entry
+        from otel_graph.otlp_fast import child_entry, new_memo, origin, simple_entry, span_entry
 
-        self.span_entry, self.child_entry = span_entry, child_entry
+        self.span_entry, self.simple_entry, self.child_entry = span_entry, simple_entry, child_entry
         self.memo = new_memo()
         self.origin = origin(resource, scope)
 

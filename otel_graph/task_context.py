@@ -16,7 +16,7 @@ own TracerProvider: spans go through its tracer, which picks ids itself), it ans
 with the compute span's context, so user spans nest under ``dask.compute`` instead.
 
 >>> from opentelemetry import trace
->>> compute = trace.NonRecordingSpan(trace.SpanContext(1, 2, False, trace.TraceFlags(1)))
+>>> compute = trace.SpanContext(1, 2, False, trace.TraceFlags(1))
 >>> ids = {}
 >>> parent = TaskParent(compute, ids, assign_ids=True)
 >>> parent.get_span_context().span_id  # no task running: the compute span
@@ -34,7 +34,6 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext
 
 _random = random.Random()
@@ -43,22 +42,23 @@ _random = random.Random()
 class TaskParent(NonRecordingSpan):
     """Parent of the spans started inside the task now running on one thread."""
 
-    __slots__ = ("key", "_ids", "_assign", "_compute")
+    __slots__ = ("key", "_ids", "_assign")
 
-    def __init__(self, compute_span: trace.Span, ids: dict[Any, int], *, assign_ids: bool) -> None:
-        self._compute = compute_span.get_span_context()
-        super().__init__(self._compute)
+    def __init__(self, compute: SpanContext, ids: dict[Any, int], *, assign_ids: bool) -> None:
+        """``compute`` is the compute span's context; ``assign_ids`` whether a task gets a span
+        id when asked (not where its span cannot take one, nor in an unsampled compute, whose
+        children follow it, unsampled, and which emits no task spans)."""
+        super().__init__(compute)
         self.key: Any = None
         self._ids = ids
-        # An unsampled compute emits no task spans: its children follow it, unsampled.
-        self._assign = assign_ids and self._compute.trace_flags.sampled
+        self._assign = assign_ids
 
     def get_span_context(self) -> SpanContext:
         key = self.key
         if key is None or not self._assign:
-            return self._compute
+            return self._context
         span_id = self._ids.get(key)
         if span_id is None:
             span_id = self._ids[key] = _random.getrandbits(64) or 1
-        compute = self._compute
+        compute = self._context
         return SpanContext(compute.trace_id, span_id, False, compute.trace_flags, compute.trace_state)

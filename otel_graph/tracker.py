@@ -36,7 +36,7 @@ from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Status, StatusCode
+from opentelemetry.trace import Status, StatusCode, TraceFlags
 
 from otel_graph.compute_span import ComputeSpan, start_compute_span
 from otel_graph.events import TaskEvent, describe_exception, task_prefix
@@ -54,6 +54,8 @@ from otel_graph.task_context import TaskParent
 from otel_graph.task_encoding import TaskAttributeEncoder
 
 logger = logging.getLogger("otel_graph")
+_get_ident = threading.get_ident
+_SAMPLED = TraceFlags.SAMPLED
 
 #: How long an ended compute waits for tasks still running when it failed; those
 #: tasks' results are discarded by Dask, and past this we stop waiting for their records.
@@ -100,15 +102,17 @@ class ComputeRecord:
         self.span = span
         #: Span ids given to tasks that had spans started inside them (otel_graph.task_context).
         self.task_span_ids: dict[Any, int] = {}
-        self.assign_ids = assign_ids
         #: The thread that called compute, and the task parent of each thread running tasks.
-        self.caller = threading.get_ident()
-        parent = TaskParent(span, self.task_span_ids, assign_ids=assign_ids)
+        self.caller = _get_ident()
+        span_context = span.get_span_context()
+        self.sampled = bool(span_context.trace_flags & _SAMPLED)
+        # An unsampled compute emits no task spans: its tasks' children follow it, unsampled.
+        self.assign_ids = assign_ids = assign_ids and self.sampled
+        parent = TaskParent(span_context, self.task_span_ids, assign_ids=assign_ids)
         # The caller's own context (its baggage, say) with the task parent current; other
         # threads get this one with their own parent (parent_for).
         self.context = trace.set_span_in_context(parent)
         self.parents: dict[int, tuple[TaskParent, Context]] = {self.caller: (parent, self.context)}
-        self.sampled = span.get_span_context().trace_flags.sampled
         self.start_ns = start_ns
         self.end_ns: int | None = None
         self.error: BaseException | None = None
@@ -150,7 +154,7 @@ class ComputeRecord:
         context with it current there (made once per thread)."""
         found = self.parents.get(thread)
         if found is None:
-            parent = TaskParent(self.span, self.task_span_ids, assign_ids=self.assign_ids)
+            parent = TaskParent(self.span.get_span_context(), self.task_span_ids, assign_ids=self.assign_ids)
             found = self.parents[thread] = (parent, trace.set_span_in_context(parent, self.context))
         return found
 
@@ -730,7 +734,8 @@ class Tracker:
             span.end(end_time=record.end_ns, into=batch)
         else:
             span.end(end_time=record.end_ns)
-        _end_outer(record, record.end_ns)
+        if record.outer:
+            _end_outer(record, record.end_ns)
         self._metrics.record_compute((record.end_ns - record.start_ns) / 1e9, record.scheduler, failed)
         self._forget(record)
 
