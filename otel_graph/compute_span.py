@@ -62,8 +62,9 @@ def start_compute_span(emitter: Any, name: str, *, start_ns: int, attributes: di
 
     ``attributes`` are the span's, taken as they are: pass a dict of its own."""
     context = otel_context.get_current()
-    parent = trace.get_current_span(context).get_span_context()
-    if not parent.is_valid:
+    current = trace.get_current_span(context)
+    parent = None if current is trace.INVALID_SPAN else current.get_span_context()  # no span: the usual case
+    if parent is not None and not parent.is_valid:
         parent = None
     ids = emitter.id_generator
     if parent is None:
