@@ -44,7 +44,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from toolz.functoolz import Compose
 
-from otel_graph.events import INT64_MAX, ErrorInfo, TaskEvent, key_to_str, safe_text
+from otel_graph.events import INT64_MAX, ErrorInfo, TaskEvent, key_to_str, safe_text, task_prefix
 from otel_graph.policy import Aggregate
 
 MAX_DEPENDENCIES = 32
@@ -427,33 +427,55 @@ class EncodedBatch(list):  # type: ignore[type-arg]
         else:
             self.append(encoded)
 
-    def add_tasks(self, parent: trace.Span, events: Sequence[TaskEvent], prefixes: Sequence[str],
-                  names: Sequence[str], encode: Callable[..., bytes], graph: Any, state: Any) -> list[int]:
-        """The spans of tasks that succeeded, children of ``parent`` (status UNSET, no events),
-        encoded into this batch in one loop: no attribute dict, no span context, no
-        ``ReadableSpan``. Their attributes are ``encode(ev, prefix, graph, state, memo)``
-        (:class:`otel_graph.task_encoding.TaskAttributeEncoder`).
+    def add_tasks(self, parent: trace.Span, tasks: Sequence[tuple[Any, ...]], name_of: Callable[[str], str],
+                  encode: Callable[..., bytes], graph: Any, state: Any
+                  ) -> tuple[list[TaskEvent], list[str], list[int]]:
+        """A compute's task records (TaskEvent's fields) as its task spans, children of ``parent``,
+        in one loop: their events, their prefixes, and the positions of those left out.
 
-        Returns the positions of the events left out, for :meth:`DirectEmitter.emit` to make:
-        failed tasks (their spans carry an exception event), and those whose attributes
-        raised (the generic path logs the attribute and leaves it out)."""
+        A task that succeeded gets a span (status UNSET, no events) encoded into this batch,
+        named ``name_of(prefix)``, its attributes ``encode(ev, prefix, graph, state, memo)``
+        (:class:`otel_graph.task_encoding.TaskAttributeEncoder`): no attribute dict, no span
+        context, no ``ReadableSpan``. Left out, for :meth:`DirectEmitter.emit` to make: failed
+        tasks (their spans carry an exception event), and those whose attributes raised (the
+        generic path logs the attribute and leaves it out)."""
         parts = self.parts
         memo, child_entry, origin = parts.memo, parts.child_entry, parts.origin
         parent_context = self.emitter._context_of(parent)
-        span_id = self.emitter._random.getrandbits
-        left = []
-        for index, ev in enumerate(events):
+        span_id, make, append = self.emitter._random.getrandbits, TaskEvent._make, self.append
+        events, prefixes, left = [], [], []
+        for index, task in enumerate(tasks):
+            ev = make(task)
+            prefix = task_prefix(ev.key)
+            events.append(ev)
+            prefixes.append(prefix)
             if ev.error is not None:
                 left.append(index)
                 continue
             try:
-                entry = child_entry(parent_context, span_id(64) or 1, names[index], ev.start_ns, ev.end_ns,
-                                    encode(ev, prefixes[index], graph, state, memo), memo)
+                entry = child_entry(parent_context, span_id(64) or 1, name_of(prefix), ev.start_ns, ev.end_ns,
+                                    encode(ev, prefix, graph, state, memo), memo)
             except Exception:  # noqa: BLE001 - made the generic way, which says what it left out
                 left.append(index)
                 continue
-            self.append((entry, origin))
-        return left
+            append((entry, origin))
+        return events, prefixes, left
+
+    def add_task(self, parent: trace.Span, ev: TaskEvent, prefix: str, name: str, encode: Callable[..., bytes],
+                 graph: Any, state: Any) -> bool:
+        """One task's span, as :meth:`add_tasks` makes each (a span plan hands them out one by
+        one); False, having added nothing, where it is left out."""
+        if ev.error is not None:
+            return False
+        parts = self.parts
+        memo = parts.memo
+        try:
+            entry = parts.child_entry(self.emitter._context_of(parent), self.emitter._random.getrandbits(64) or 1,
+                                      name, ev.start_ns, ev.end_ns, encode(ev, prefix, graph, state, memo), memo)
+        except Exception:  # noqa: BLE001 - made the generic way, which says what it left out
+            return False
+        self.append((entry, parts.origin))
+        return True
 
     def queue(self) -> None:
         if self:

@@ -559,11 +559,11 @@ class Tracker:
         with self._building:
             if self._halt:
                 return
-            events = list(map(TaskEvent._make, self._take(record)))
+            taken = self._take(record)
             batch = self._batch() if record.sampled else None
             try:
-                if events:
-                    self._consume(record, None, events, batch)
+                if taken:
+                    self._whole_tasks(record, taken, batch)
                 if not self._halt:  # halted meanwhile: what is left stays counted as unbuilt
                     self._end(record, None, batch)
             finally:
@@ -581,10 +581,8 @@ class Tracker:
         record.seen += count
         return taken
 
-    def _consume(self, record: ComputeRecord, plan: SpanPlan | None, events: list[TaskEvent],
-                 batch: Any = None) -> None:
-        """Task metrics for ``events``, and their spans through ``plan`` (None: a span each,
-        kept in ``batch`` where one is given)."""
+    def _consume(self, record: ComputeRecord, plan: SpanPlan | None, events: list[TaskEvent]) -> None:
+        """Task metrics for ``events``, and their spans through ``plan`` (None: a span each)."""
         prefixes = [task_prefix(ev.key) for ev in events]
         self._metrics.record_tasks(events, prefixes, record.scheduler)
         if not record.sampled:
@@ -592,7 +590,30 @@ class Tracker:
         if plan is not None:
             plan.add(events, prefixes)
             return
-        self._task_spans(record, events, prefixes, batch)
+        for ev, prefix in zip(events, prefixes):
+            self._task_span(record, ev, prefix)
+
+    def _whole_tasks(self, record: ComputeRecord, taken: list[tuple[Any, ...]], batch: Any) -> None:
+        """Under ``_building``: the task metrics and spans of a compute drained whole, its task
+        records made spans in one loop where ``batch`` takes them encoded (most small computes:
+        a pass over the records each for their events, prefixes, names and spans once cost a
+        one-task compute a fifth of its telemetry)."""
+        if batch is None or record.task_span_ids:  # a task's given span id is set the generic way
+            self._consume(record, None, list(map(TaskEvent._make, taken)))
+            return
+        kept = len(batch)
+        try:
+            events, prefixes, left = batch.add_tasks(record.span, taken, self._metrics.span_name,
+                                                     self._task_encoder, record.graph, record.state)
+        except Exception:  # noqa: BLE001 - the generic way, for all of them
+            logger.debug("otel_graph: encoding a compute's task spans failed", exc_info=True)
+            del batch[kept:]
+            self._consume(record, None, list(map(TaskEvent._make, taken)))
+            return
+        record.in_spans += len(events) - len(left)
+        self._metrics.record_tasks(events, prefixes, record.scheduler)
+        for index in left:
+            self._task_span(record, events[index], prefixes[index])
 
     def _batch(self) -> Any:
         """Somewhere to keep encoded spans to queue together (one lock round trip per
@@ -634,23 +655,6 @@ class Tracker:
         self._emitter.emit(parent=record.span, name=PROGRESS_SPAN, start_ns=since, end_ns=now,
                            attributes=attributes)
 
-    def _task_spans(self, record: ComputeRecord, events: list[TaskEvent], prefixes: list[str], batch: Any) -> None:
-        """A span for each of ``events``: those ``batch`` can take encoded in one go, the rest one by one."""
-        left: Any = range(len(events))
-        if batch is not None and not record.task_span_ids:  # a task's given span id is set the generic way
-            with self._building:
-                if self._halt:
-                    return  # counted as unbuilt
-                span_name = self._metrics.span_name
-                try:
-                    left = batch.add_tasks(record.span, events, prefixes, [span_name(p) for p in prefixes],
-                                           self._task_encoder, record.graph, record.state)
-                except Exception:  # noqa: BLE001 - before any was added (the parent's context): one by one
-                    logger.debug("otel_graph: encoding a batch of task spans failed", exc_info=True)
-                record.in_spans += len(events) - len(left)
-        for index in left:
-            self._task_span(record, events[index], prefixes[index])
-
     def _task_span(self, record: ComputeRecord, ev: TaskEvent, prefix: str, batch: Any = None) -> None:
         ids = record.task_span_ids
         # Only a DirectEmitter gives ids out (sets_span_ids), and only it takes span_id=.
@@ -662,8 +666,7 @@ class Tracker:
             name = self._metrics.span_name(prefix)
             try:
                 if extra is _NO_EXTRA and batch is not None \
-                        and not batch.add_tasks(record.span, (ev,), (prefix,), (name,), self._task_encoder,
-                                                record.graph, record.state):
+                        and batch.add_task(record.span, ev, prefix, name, self._task_encoder, record.graph, record.state):
                     return
                 self._emitter.emit(parent=record.span, name=name, start_ns=ev.start_ns, end_ns=ev.end_ns,
                                    attributes=task_attributes(ev, prefix, record.graph, record.state), error=ev.error,

@@ -103,13 +103,14 @@ def test_task_spans_encoded_from_records_equal_stock(trace_state: TraceState | N
     encoder = TaskAttributeEncoder()
     batch = emitter.encoded_batch()
     assert batch is not None
-    prefixes = [task_prefix(ev.key) for ev in events]
-    if together:  # a small compute's tasks, in one loop
-        assert batch.add_tasks(parent, events, prefixes, prefixes, encoder, graph if with_state else None, state) == []
+    if together:  # a small compute's task records, in one loop
+        made, prefixes, left = batch.add_tasks(parent, [tuple(ev) for ev in events], str, encoder,
+                                               graph if with_state else None, state)
+        assert (made, prefixes, left) == (events, [task_prefix(ev.key) for ev in events], [])
     else:  # one at a time, as a span plan hands them out
-        for ev, prefix in zip(events, prefixes):
-            assert batch.add_tasks(parent, (ev,), (prefix,), (prefix,), encoder, graph if with_state else None,
-                                   state) == []
+        for ev in events:
+            prefix = task_prefix(ev.key)
+            assert batch.add_task(parent, ev, prefix, prefix, encoder, graph if with_state else None, state)
     assert encoded.spans == []  # kept until queued, then queued at once
     batch.queue()
 
@@ -135,14 +136,16 @@ def test_tasks_a_batch_cannot_encode_are_left_to_the_generic_path() -> None:
     failed = TaskEvent("failed-1", 1, 2, 3, 3, -1, "", ErrorInfo("ValueError", "no", ""))
 
     def refuse_bad(ev: TaskEvent, *args: Any) -> bytes:
-        if ev is bad:
+        if ev == bad:
             raise ValueError("cannot")
         return b""
 
     batch = emitter.encoded_batch()
     assert batch is not None
-    assert batch.add_tasks(parent, [bad, good, failed], ["bad", "good", "failed"], ["bad", "good", "failed"],
-                           refuse_bad, None, None) == [0, 2]
+    assert batch.add_tasks(parent, [bad, good, failed], str, refuse_bad, None, None)[1:] == (["bad", "good", "failed"],
+                                                                                          [0, 2])
+    assert not batch.add_task(parent, bad, "bad", "bad", refuse_bad, None, None)
+    assert not batch.add_task(parent, failed, "failed", "failed", refuse_bad, None, None)
     assert len(batch) == 1
     batch.queue()
     (span,) = encode_spans_fast(encoded.spans).resource_spans[0].scope_spans[0].spans
