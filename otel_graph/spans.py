@@ -44,7 +44,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from toolz.functoolz import Compose
 
-from otel_graph.events import INT64_MAX, ErrorInfo, TaskEvent, key_to_str, safe_text, task_prefix
+from otel_graph.events import INT64_MAX, MAX_KEY_CHARS, ErrorInfo, TaskEvent, key_to_str, safe_text, task_prefix
 from otel_graph.policy import Aggregate
 
 MAX_DEPENDENCIES = 32
@@ -158,7 +158,15 @@ def _worker_id(worker: int | str) -> str:
 _type_text = lru_cache(maxsize=1024)(safe_text)
 
 # A key is rendered once as its own span's key and again in each dependent's list.
-key_text = lru_cache(maxsize=1 << 14)(key_to_str)
+_rendered = lru_cache(maxsize=1 << 14)(key_to_str)
+
+
+def key_text(key: Any) -> str:
+    """:func:`otel_graph.events.key_to_str`, remembered; a short ASCII string is its own text,
+    with nothing remembered: most keys are, and many are seen once (a delayed call's)."""
+    if type(key) is str and len(key) <= MAX_KEY_CHARS and key.isascii():
+        return key
+    return _rendered(key)
 
 
 def run_attributes(ev: Any, prefix: str) -> dict[str, Any]:
@@ -286,8 +294,12 @@ class DirectEmitter:
         self.event = Event
         #: What a root span is made with (otel_graph.compute_span), as the provider's tracer would.
         self.sampler, self.id_generator = provider.sampler, provider.id_generator
-        #: Whether its trace ids are random (W3C's flag for a root span says so).
-        self.random_trace_ids = bool(getattr(self.id_generator, "is_trace_id_random", bool)())
+        #: Whether its trace ids are random (W3C's flag for a root span says so); a generator
+        #: that cannot say is taken as not random.
+        try:
+            self.random_trace_ids = bool(getattr(self.id_generator, "is_trace_id_random", bool)())
+        except Exception:  # noqa: BLE001 - an application's generator must not stop instrumenting
+            self.random_trace_ids = False
         #: The sampler is the SDK's default: a root span's decision needs no call to it.
         self.follows_parent = follows_parent(provider.sampler)
         self._checked: tuple[Any, bool] = (None, False)
@@ -357,9 +369,9 @@ class DirectEmitter:
         return current, parts
 
     def encoded_batch(self) -> EncodedBatch | None:
-        """Somewhere to encode spans as they end (:meth:`EncodedBatch.add_tasks`, :meth:`EncodedBatch.add`),
-        to queue them together (:meth:`EncodedBatch.queue`); None where spans are not encoded as
-        they end, or where a span limit bites."""
+        """Somewhere to encode spans as they end (:meth:`EncodedBatch.add_tasks`, :meth:`EncodedBatch.add_task`,
+        :meth:`EncodedBatch.add`), to queue them together (:meth:`EncodedBatch.queue`); None where
+        spans are not encoded as they end, or where a span limit bites."""
         encoding = None if self._limits is not None else self._encoder()
         return None if encoding is None else EncodedBatch(self, *encoding)
 
@@ -430,11 +442,12 @@ class EncodedBatch(list):  # type: ignore[type-arg]
     def add_tasks(self, parent: trace.Span, tasks: Sequence[tuple[Any, ...]], name_of: Callable[[str], str],
                   encode: Callable[..., bytes], graph: Any, state: Any
                   ) -> tuple[list[TaskEvent], list[str], list[int]]:
-        """A compute's task records (TaskEvent's fields) as its task spans, children of ``parent``,
-        in one loop: their events, their prefixes, and the positions of those left out.
+        """Task records (TaskEvent's fields) as task spans, children of ``parent``, in one pass:
+        their events, their prefixes, and the positions of the events left out.
 
-        A task that succeeded gets a span (status UNSET, no events) encoded into this batch,
-        named ``name_of(prefix)``, its attributes ``encode(ev, prefix, graph, state, memo)``
+        Each task's span is named ``name_of(prefix)``, asked for every task in order, failed
+        ones too. A task that succeeded gets its span (status UNSET, no events) encoded into
+        this batch, its attributes ``encode(ev, prefix, graph, state, memo)``
         (:class:`otel_graph.task_encoding.TaskAttributeEncoder`): no attribute dict, no span
         context, no ``ReadableSpan``. Left out, for :meth:`DirectEmitter.emit` to make: failed
         tasks (their spans carry an exception event), and those whose attributes raised (the
@@ -449,11 +462,12 @@ class EncodedBatch(list):  # type: ignore[type-arg]
             prefix = task_prefix(ev.key)
             events.append(ev)
             prefixes.append(prefix)
+            name = name_of(prefix)
             if ev.error is not None:
                 left.append(index)
                 continue
             try:
-                entry = child_entry(parent_context, span_id(64) or 1, name_of(prefix), ev.start_ns, ev.end_ns,
+                entry = child_entry(parent_context, span_id(64) or 1, name, ev.start_ns, ev.end_ns,
                                     encode(ev, prefix, graph, state, memo), memo)
             except Exception:  # noqa: BLE001 - made the generic way, which says what it left out
                 left.append(index)
@@ -461,28 +475,20 @@ class EncodedBatch(list):  # type: ignore[type-arg]
             append((entry, origin))
         return events, prefixes, left
 
-    def add_task(self, parent: trace.Span, ev: TaskEvent, prefix: str, name: str, encode: Callable[..., bytes],
-                 graph: Any, state: Any) -> bool:
-        """One task's span, as :meth:`add_tasks` makes each (a span plan hands them out one by
-        one); False, having added nothing, where it is left out."""
-        if ev.error is not None:
-            return False
-        parts = self.parts
-        memo = parts.memo
-        try:
-            entry = parts.child_entry(self.emitter._context_of(parent), self.emitter._random.getrandbits(64) or 1,
-                                      name, ev.start_ns, ev.end_ns, encode(ev, prefix, graph, state, memo), memo)
-        except Exception:  # noqa: BLE001 - made the generic way, which says what it left out
-            return False
-        self.append((entry, parts.origin))
-        return True
+    def add_task(self, parent: trace.Span, ev: TaskEvent, name: str, encode: Callable[..., bytes], graph: Any,
+                 state: Any) -> bool:
+        """One task's span, as :meth:`add_tasks` makes each, named ``name`` (a span plan hands
+        them out one by one); False, having added nothing, where it is left out."""
+        return not self.add_tasks(parent, (ev,), lambda prefix: name, encode, graph, state)[2]
 
     def queue(self) -> None:
         if self:
-            self.emitter._bound_memo(self.parts)
-            for processor in self.processors:
-                processor.on_end_encoded_many(self)
-            self.clear()
+            try:
+                self.emitter._bound_memo(self.parts)
+                for processor in self.processors:
+                    processor.on_end_encoded_many(self)
+            finally:  # refused, they are counted once (by the caller), never queued again
+                self.clear()
 
 
 def _encoded(parts: _Encoding, name: str, context: Any, parent: Any, start_ns: int, end_ns: int,

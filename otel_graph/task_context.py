@@ -42,13 +42,14 @@ _random = random.Random()
 class TaskParent(NonRecordingSpan):
     """Parent of the spans started inside the task now running on one thread."""
 
-    __slots__ = ("key", "_ids", "_assign")
+    __slots__ = ("key", "_ids", "_assign", "_compute")
 
     def __init__(self, compute: SpanContext, ids: dict[Any, int], *, assign_ids: bool) -> None:
         """``compute`` is the compute span's context; ``assign_ids`` whether a task gets a span
         id when asked (not where its span cannot take one, nor in an unsampled compute, whose
         children follow it, unsampled, and which emits no task spans)."""
         super().__init__(compute)
+        self._compute = compute
         self.key: Any = None
         self._ids = ids
         self._assign = assign_ids
@@ -56,9 +57,9 @@ class TaskParent(NonRecordingSpan):
     def get_span_context(self) -> SpanContext:
         key = self.key
         if key is None or not self._assign:
-            return self._context
+            return self._compute
         span_id = self._ids.get(key)
         if span_id is None:
             span_id = self._ids[key] = _random.getrandbits(64) or 1
-        compute = self._context
+        compute = self._compute
         return SpanContext(compute.trace_id, span_id, False, compute.trace_flags, compute.trace_state)

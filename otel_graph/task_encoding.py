@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from otel_graph.events import INT64_MAX, MAX_KEY_CHARS
+from otel_graph.events import INT64_MAX
 from otel_graph.otlp_fast import attribute_head, encoded_attribute, encoded_attributes, keyed_string
 from otel_graph.spans import MAX_DEPENDENCIES, _type_text, _worker_id, dependency_keys, function_names, key_text
 
@@ -50,9 +50,7 @@ class TaskAttributeEncoder:
     def __call__(self, ev: Any, prefix: str, graph: Mapping | None, state: Mapping | None, memo: Any) -> bytes:
         """Raises where a field cannot be encoded: the generic path then logs and leaves it out."""
         key = ev.key
-        # A short ASCII string is its own text: most keys, and many seen once (a delayed call's).
-        text = key if type(key) is str and len(key) <= MAX_KEY_CHARS and key.isascii() else key_text(key)
-        parts = [keyed_string(_KEY_HEAD, text)]
+        parts = [keyed_string(_KEY_HEAD, key_text(key))]
         where = self._where.get((prefix, ev.worker, ev.thread, ev.type_name))
         if where is None:
             where = _remember(self._where, (prefix, ev.worker, ev.thread, ev.type_name), encoded_attributes({

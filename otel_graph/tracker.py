@@ -236,8 +236,8 @@ class Tracker:
         self.tasks_recovered = 0
         self.processing_errors = 0
         self.begin_errors = 0
-        #: Spans whose making raised (:meth:`_span_failed`): task and aggregate spans, and a small
-        #: compute's root span when the batch it went in with its tasks was refused.
+        #: Spans whose making raised (:meth:`_span_failed`): task and aggregate spans, and each
+        #: span of a batch the processors refused (a compute's, or a slice of a large one's).
         self.span_errors = 0
         self._forked = False
         self._thread = threading.Thread(target=self._run, name="otel-graph-tracker", daemon=True)
@@ -523,33 +523,30 @@ class Tracker:
         with self._building:
             taken = self._take(record)
         count = len(taken)
-        batch = record.batch = self._batch() if record.sampled else None
-        try:
-            # Plain tuples until now (see task_runner.execute). Made TaskEvents a slice at a time,
-            # so that those not kept die young: 10^5 at once outlived two collections, and
-            # their promotion set off a full one (~0.1 s) on the tracker's drain.
-            for start in range(0, count, EVENT_SLICE):
+        # Plain tuples until now (see task_runner.execute). Made TaskEvents a slice at a time,
+        # so that those not kept die young: 10^5 at once outlived two collections, and
+        # their promotion set off a full one (~0.1 s) on the tracker's drain.
+        for start in range(0, count, EVENT_SLICE):
+            with self._building:  # a slice's spans are queued before stop() can count them
                 if self._halt:
                     return
-                self._consume(record, plan, list(map(TaskEvent._make, taken[start:start + EVENT_SLICE])))
-                if batch:  # a slice's spans go out as they are made, not at the drain's end
-                    self._queue_batch(batch)
-            if self._halt:
-                return
-            if record.end_ns is None:
+                self._open_batch(record)
                 try:
-                    self._progress(record)
-                except Exception:  # a progress span refused must not end a compute still running
-                    self.processing_errors += 1
-                    logger.debug("otel_graph: failed to emit a progress span", exc_info=True)
-                return
-            settled = record.seen + record.lost >= record.submitted
-            if settled or time.time_ns() - record.end_ns > STRAGGLER_WAIT_NS:
-                self._finish(record, plan, batch)
-        finally:
-            record.batch = None
-            if batch:
-                self._queue_batch(batch)
+                    self._consume(record, plan, list(map(TaskEvent._make, taken[start:start + EVENT_SLICE])))
+                finally:
+                    self._close_batch(record)
+        if self._halt:
+            return
+        if record.end_ns is None:
+            try:
+                self._progress(record)
+            except Exception:  # a progress span refused must not end a compute still running
+                self.processing_errors += 1
+                logger.debug("otel_graph: failed to emit a progress span", exc_info=True)
+            return
+        settled = record.seen + record.lost >= record.submitted
+        if settled or time.time_ns() - record.end_ns > STRAGGLER_WAIT_NS:
+            self._finish(record, plan)
 
     def _drain_whole(self, record: ComputeRecord) -> None:
         """A compute that ended, all its tasks reported, within the first half of the span
@@ -560,15 +557,14 @@ class Tracker:
             if self._halt:
                 return
             taken = self._take(record)
-            batch = self._batch() if record.sampled else None
+            batch = self._open_batch(record)
             try:
                 if taken:
                     self._whole_tasks(record, taken, batch)
                 if not self._halt:  # halted meanwhile: what is left stays counted as unbuilt
                     self._end(record, None, batch)
             finally:
-                if batch:
-                    self._queue_batch(batch)
+                self._close_batch(record)
 
     @staticmethod
     def _take(record: ComputeRecord) -> list[tuple[Any, ...]]:
@@ -594,30 +590,37 @@ class Tracker:
             self._task_span(record, ev, prefix)
 
     def _whole_tasks(self, record: ComputeRecord, taken: list[tuple[Any, ...]], batch: Any) -> None:
-        """Under ``_building``: the task metrics and spans of a compute drained whole, its task
-        records made spans in one loop where ``batch`` takes them encoded (most small computes:
-        a pass over the records each for their events, prefixes, names and spans once cost a
-        one-task compute a fifth of its telemetry)."""
-        if batch is None or record.task_span_ids:  # a task's given span id is set the generic way
+        """Under ``_building``: the task metrics and spans of a compute drained whole. Where
+        ``batch`` takes spans encoded, its task records become events, prefixes and spans in
+        one pass (a pass each was a good part of what tracing a one-task compute cost)."""
+        if batch is None:
             self._consume(record, None, list(map(TaskEvent._make, taken)))
             return
-        kept = len(batch)
-        try:
-            events, prefixes, left = batch.add_tasks(record.span, taken, self._metrics.span_name,
-                                                     self._task_encoder, record.graph, record.state)
-        except Exception:  # noqa: BLE001 - the generic way, for all of them
-            logger.debug("otel_graph: encoding a compute's task spans failed", exc_info=True)
-            del batch[kept:]
-            self._consume(record, None, list(map(TaskEvent._make, taken)))
-            return
+        # The names admit the prefixes, in order, as record_tasks would: a prefix first seen
+        # here must name its spans itself, not "(other prefixes)".
+        events, prefixes, left = batch.add_tasks(record.span, taken, self._metrics.admitted_name,
+                                                 self._task_encoder, record.graph, record.state)
         record.in_spans += len(events) - len(left)
         self._metrics.record_tasks(events, prefixes, record.scheduler)
         for index in left:
             self._task_span(record, events[index], prefixes[index])
 
+    def _open_batch(self, record: ComputeRecord) -> Any:
+        """A batch for the spans about to be made of ``record`` (:meth:`_batch`; None when it is
+        unsampled), kept as ``record.batch``, where its span plan's emit finds it."""
+        batch = record.batch = self._batch() if record.sampled else None
+        return batch
+
+    def _close_batch(self, record: ComputeRecord) -> None:
+        """Queue the spans :meth:`_open_batch`'s batch took (under ``_building``, with them)."""
+        batch, record.batch = record.batch, None
+        if batch:
+            self._queue_batch(batch)
+
     def _batch(self) -> Any:
         """Somewhere to keep encoded spans to queue together (one lock round trip per
-        compute, not per span); None where spans are not encoded as they end."""
+        compute, or per slice of a large one's task records, not per span); None where spans
+        are not encoded as they end."""
         if self._encoded_batch is None:
             return None
         try:
@@ -627,10 +630,11 @@ class Tracker:
             return None
 
     def _queue_batch(self, batch: Any) -> None:
+        count = len(batch)  # a refused batch is emptied all the same
         try:
             batch.queue()
         except Exception as exc:
-            self._span_failed(exc, len(batch))
+            self._span_failed(exc, count)
 
     def _progress(self, record: ComputeRecord) -> None:
         if not record.sampled:
@@ -666,7 +670,7 @@ class Tracker:
             name = self._metrics.span_name(prefix)
             try:
                 if extra is _NO_EXTRA and batch is not None \
-                        and batch.add_task(record.span, ev, prefix, name, self._task_encoder, record.graph, record.state):
+                        and batch.add_task(record.span, ev, name, self._task_encoder, record.graph, record.state):
                     return
                 self._emitter.emit(parent=record.span, name=name, start_ns=ev.start_ns, end_ns=ev.end_ns,
                                    attributes=task_attributes(ev, prefix, record.graph, record.state), error=ev.error,
@@ -712,10 +716,14 @@ class Tracker:
         """Task metrics for runs a lost worker finished but never exported (from any thread)."""
         self._metrics.record_recovered(prefix, failed=failed, count=count, duration_s=duration_s)
 
-    def _finish(self, record: ComputeRecord, plan: SpanPlan, batch: Any = None) -> None:
+    def _finish(self, record: ComputeRecord, plan: SpanPlan) -> None:
         with self._building:  # its spans, the root's end and its leaving the count, as one
             if not self._halt:
-                self._end(record, plan, batch)
+                batch = self._open_batch(record)
+                try:
+                    self._end(record, plan, batch)
+                finally:
+                    self._close_batch(record)
 
     def _end(self, record: ComputeRecord, plan: SpanPlan | None, batch: Any = None) -> None:
         if plan is not None:

@@ -64,6 +64,7 @@ def _graph() -> dict:
     graph["ünï-ef56"] = Task("ünï-ef56", inc, TaskRef(("sum-ab12", 0)))
     graph[b"raw-\xff"] = Task(b"raw-\xff", inc, 1)
     graph["x" * 300] = Task("x" * 300, inc, 2)
+    graph["long-" + "y" * 600] = Task("long-" + "y" * 600, inc, 3)  # past MAX_KEY_CHARS: cut
     return graph
 
 
@@ -109,8 +110,7 @@ def test_task_spans_encoded_from_records_equal_stock(trace_state: TraceState | N
         assert (made, prefixes, left) == (events, [task_prefix(ev.key) for ev in events], [])
     else:  # one at a time, as a span plan hands them out
         for ev in events:
-            prefix = task_prefix(ev.key)
-            assert batch.add_task(parent, ev, prefix, prefix, encoder, graph if with_state else None, state)
+            assert batch.add_task(parent, ev, task_prefix(ev.key), encoder, graph if with_state else None, state)
     assert encoded.spans == []  # kept until queued, then queued at once
     batch.queue()
 
@@ -144,8 +144,8 @@ def test_tasks_a_batch_cannot_encode_are_left_to_the_generic_path() -> None:
     assert batch is not None
     assert batch.add_tasks(parent, [bad, good, failed], str, refuse_bad, None, None)[1:] == (["bad", "good", "failed"],
                                                                                           [0, 2])
-    assert not batch.add_task(parent, bad, "bad", "bad", refuse_bad, None, None)
-    assert not batch.add_task(parent, failed, "failed", "failed", refuse_bad, None, None)
+    assert not batch.add_task(parent, bad, "bad", refuse_bad, None, None)
+    assert not batch.add_task(parent, failed, "failed", refuse_bad, None, None)
     assert len(batch) == 1
     batch.queue()
     (span,) = encode_spans_fast(encoded.spans).resource_spans[0].scope_spans[0].spans
@@ -183,10 +183,10 @@ def test_spans_queued_together_that_a_processor_refuses_are_each_counted(caplog:
         tracker.stop(5)
 
 
-def test_a_halt_in_the_middle_of_a_batched_drain_queues_what_was_built() -> None:
-    """stop(drain=False) landing while a small compute's encoded spans are being batched: the
-    spans already made are queued (counted as made, they must go out), the rest and the root
-    stay counted as unbuilt."""
+def test_a_halt_while_a_small_computes_spans_are_made_queues_what_was_built() -> None:
+    """stop(drain=False) landing while a small compute's task spans are made (in one pass): those
+    are queued (counted as made, they must go out), and the root, made after, stays counted
+    as unbuilt."""
     from opentelemetry.metrics import NoOpMeter
 
     from otel_graph.metrics import TaskMetrics
@@ -195,7 +195,7 @@ def test_a_halt_in_the_middle_of_a_batched_drain_queues_what_was_built() -> None
     tracker: Tracker
 
     class HaltingBatch(EncodedBatch):  # the halt lands as the task spans are made
-        def add_tasks(self, *args: Any) -> list[int]:
+        def add_tasks(self, *args: Any) -> tuple[list[TaskEvent], list[str], list[int]]:
             tracker._halt = True  # what stop(drain=False) sets, from the exit hook's thread
             return super().add_tasks(*args)
 
@@ -219,3 +219,75 @@ def test_a_halt_in_the_middle_of_a_batched_drain_queues_what_was_built() -> None
         assert tracker.unprocessed() == 1  # the root, never made
     finally:
         tracker.stop(1, drain=False)
+
+
+def _tracker(processor: Any, **options: Any) -> Any:
+    from opentelemetry.metrics import NoOpMeter
+
+    from otel_graph.metrics import TaskMetrics
+    from otel_graph.tracker import Tracker
+
+    provider = TracerProvider(resource=RESOURCE)
+    provider.add_span_processor(processor)
+    return Tracker(tracer=provider.get_tracer("test"), emitter=DirectEmitter(provider, SCOPE),
+                   metrics=TaskMetrics(NoOpMeter("test")), **{"max_task_spans": 1000, "drain_interval_s": 60, **options})
+
+
+def _names(spans: list[tuple[bytes, int]]) -> list[str]:
+    return [span.name for span in encode_spans_fast(spans).resource_spans[0].scope_spans[0].spans]
+
+
+def test_a_prefix_first_seen_in_a_small_compute_names_its_spans() -> None:
+    """The span names of a compute drained whole are asked as its prefixes are admitted to the
+    metrics, task by task: a prefix the process never saw names its spans itself, failed tasks
+    of it included, not "(other prefixes)"."""
+    encoded = Encoded()
+    tracker = _tracker(encoded)
+    try:
+        record = tracker.begin("sync")
+        assert record is not None and record.inline
+        record.submitted = 3
+        record.sink.extend([("fresh-1", 1, 2, 1, 1, 8, "int", None), ("fresh-2", 1, 2, 1, 1, 8, "int", None),
+                            ("failing-1", 1, 2, 1, 1, -1, "", ErrorInfo("ValueError", "no", ""))])
+        tracker.end(record, None)
+        assert sorted(_names(encoded.spans)) == ["dask.compute", "failing", "fresh", "fresh"]
+    finally:
+        tracker.stop(5)
+
+
+def test_a_large_computes_slices_are_queued_once_each_even_when_one_is_refused(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A compute past the whole drain's size goes through its span plan a slice of records at a
+    time, each slice's spans queued together. A slice the processors refuse is counted in
+    span_errors, once, and never queued again with the next; the others arrive, each once."""
+    from otel_graph import tracker as tracker_module
+
+    class RefusesTheSecond(Encoded):
+        calls = 0
+
+        def on_end_encoded_many(self, spans: list[tuple[bytes, int]]) -> None:
+            self.calls += 1
+            if self.calls == 2:
+                raise RuntimeError("queue refused")
+            super().on_end_encoded_many(spans)
+
+    monkeypatch.setattr(tracker_module, "EVENT_SLICE", 100)
+    refusing = RefusesTheSecond()
+    tracker = _tracker(refusing, max_task_spans=None)
+    try:
+        with caplog.at_level("WARNING", logger="otel_graph"):
+            record = tracker.begin("sync")
+            assert record is not None
+            record.submitted = 300
+            record.sink.extend((f"big-{i}", 1, 2, 1, 1, 8, "int", None) for i in range(300))
+            tracker.end(record, None)  # too large to drain here: the tracker's thread drains it
+            assert tracker.flush(10)
+        names = _names(refusing.spans)
+        keys = [attribute.value.string_value for span in encode_spans_fast(refusing.spans).resource_spans[0]
+                .scope_spans[0].spans for attribute in span.attributes if attribute.key == "dask.task.key"]
+        assert len(keys) == len(set(keys)) == 200  # the first and third slices, each span once
+        assert names.count("dask.compute") == 1  # the root went with the last batch
+        assert tracker.span_errors == 100
+        assert sum("making a span raised" in r.getMessage() for r in caplog.records) == 1
+    finally:
+        tracker.stop(5)
