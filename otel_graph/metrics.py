@@ -159,7 +159,9 @@ class TaskMetrics:
 
     def admitted_name(self, prefix: str) -> str:
         """:meth:`span_name`, for a span of tasks this process never recorded (it admits ``prefix``)."""
-        return OTHER_PREFIXES if self._label(prefix) is None else prefix
+        if prefix in self._prefixes:  # asked per task span of a small compute: no call when admitted
+            return prefix
+        return OTHER_PREFIXES if self._admit(prefix) is None else prefix
 
     def _task_attributes(self, prefix: str | None, scheduler: str, failed: bool) -> tuple[tuple[str, Any], ...]:
         attributes = self._attributes.get((prefix, scheduler, failed))

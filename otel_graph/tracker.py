@@ -606,35 +606,29 @@ class Tracker:
             self._task_span(record, events[index], prefixes[index])
 
     def _open_batch(self, record: ComputeRecord) -> Any:
-        """A batch for the spans about to be made of ``record`` (:meth:`_batch`; None when it is
-        unsampled), kept as ``record.batch``, where its span plan's emit finds it."""
-        batch = record.batch = self._batch() if record.sampled else None
+        """Somewhere to keep the spans about to be made of ``record`` encoded, to queue them
+        together (one lock round trip per compute, or per slice of a large one's task records,
+        not per span): kept as ``record.batch``, where its span plan's emit finds it. None
+        where spans are not encoded as they end, or the compute is unsampled."""
+        batch = None
+        if self._encoded_batch is not None and record.sampled:
+            try:
+                batch = self._encoded_batch()
+            except Exception:  # then each span is handed over on its own
+                logger.debug("otel_graph: could not start a batch of encoded spans", exc_info=True)
+        record.batch = batch
         return batch
 
     def _close_batch(self, record: ComputeRecord) -> None:
-        """Queue the spans :meth:`_open_batch`'s batch took (under ``_building``, with them)."""
+        """Queue the spans :meth:`_open_batch`'s batch took (under ``_building``, with them); a
+        batch the processors refuse counts each of its spans in ``span_errors``."""
         batch, record.batch = record.batch, None
         if batch:
-            self._queue_batch(batch)
-
-    def _batch(self) -> Any:
-        """Somewhere to keep encoded spans to queue together (one lock round trip per
-        compute, or per slice of a large one's task records, not per span); None where spans
-        are not encoded as they end."""
-        if self._encoded_batch is None:
-            return None
-        try:
-            return self._encoded_batch()
-        except Exception:  # then each span is handed over on its own
-            logger.debug("otel_graph: could not start a batch of encoded spans", exc_info=True)
-            return None
-
-    def _queue_batch(self, batch: Any) -> None:
-        count = len(batch)  # a refused batch is emptied all the same
-        try:
-            batch.queue()
-        except Exception as exc:
-            self._span_failed(exc, count)
+            count = len(batch)  # a refused batch is emptied all the same
+            try:
+                batch.queue()
+            except Exception as exc:
+                self._span_failed(exc, count)
 
     def _progress(self, record: ComputeRecord) -> None:
         if not record.sampled:
