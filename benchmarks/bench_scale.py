@@ -231,7 +231,7 @@ def tables(handle: Any) -> dict[str, Any]:
         "histogram series": lambda: sum(len(h.series) for h in owned.histograms._histograms),
         "span processor queue": lambda: len(owned.span_processor._queue),
         "dask key_split cache": lambda: key_split.cache_info().currsize,
-        "key_text cache": lambda: spans.key_text.cache_info().currsize,
+        "key_text cache": lambda: spans._rendered.cache_info().currsize,
     }
     for name, probe in probes.items():
         try:

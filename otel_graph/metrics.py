@@ -158,7 +158,8 @@ class TaskMetrics:
             self._duration(attributes, [duration_s / count] * count)
 
     def admitted_name(self, prefix: str) -> str:
-        """:meth:`span_name`, for a span of tasks this process never recorded (it admits ``prefix``)."""
+        """:meth:`span_name`, admitting ``prefix`` if there is room, as :meth:`record_tasks` would
+        (spans of tasks about to be recorded, or that a lost worker ran)."""
         if prefix in self._prefixes:  # asked per task span of a small compute: no call when admitted
             return prefix
         return OTHER_PREFIXES if self._admit(prefix) is None else prefix

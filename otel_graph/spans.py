@@ -446,12 +446,10 @@ class EncodedBatch(list):  # type: ignore[type-arg]
         their events, their prefixes, and the positions of the events left out.
 
         Each task's span is named ``name_of(prefix)``, asked for every task in order, failed
-        ones too. A task that succeeded gets its span (status UNSET, no events) encoded into
-        this batch, its attributes ``encode(ev, prefix, graph, state, memo)``
-        (:class:`otel_graph.task_encoding.TaskAttributeEncoder`): no attribute dict, no span
-        context, no ``ReadableSpan``. Left out, for :meth:`DirectEmitter.emit` to make: failed
-        tasks (their spans carry an exception event), and those whose attributes raised (the
-        generic path logs the attribute and leaves it out)."""
+        ones too; one that succeeded is added as :meth:`add_task` adds it. Left out, for
+        :meth:`DirectEmitter.emit` to make: failed tasks (their spans carry an exception
+        event), and those whose attributes raised (the generic path logs the attribute and
+        leaves it out)."""
         parts = self.parts
         memo, child_entry, origin = parts.memo, parts.child_entry, parts.origin
         parent_context = self.emitter._context_of(parent)
@@ -466,7 +464,7 @@ class EncodedBatch(list):  # type: ignore[type-arg]
             if ev.error is not None:
                 left.append(index)
                 continue
-            try:
+            try:  # add_task's body, inlined: a call a task cost a small compute's spans a tenth more
                 entry = child_entry(parent_context, span_id(64) or 1, name, ev.start_ns, ev.end_ns,
                                     encode(ev, prefix, graph, state, memo), memo)
             except Exception:  # noqa: BLE001 - made the generic way, which says what it left out
@@ -475,11 +473,24 @@ class EncodedBatch(list):  # type: ignore[type-arg]
             append((entry, origin))
         return events, prefixes, left
 
-    def add_task(self, parent: trace.Span, ev: TaskEvent, name: str, encode: Callable[..., bytes], graph: Any,
-                 state: Any) -> bool:
-        """One task's span, as :meth:`add_tasks` makes each, named ``name`` (a span plan hands
-        them out one by one); False, having added nothing, where it is left out."""
-        return not self.add_tasks(parent, (ev,), lambda prefix: name, encode, graph, state)[2]
+    def add_task(self, parent: trace.Span, ev: TaskEvent, prefix: str, name: str, encode: Callable[..., bytes],
+                 graph: Any, state: Any) -> bool:
+        """The span of a task that succeeded, a child of ``parent`` named ``name`` (status UNSET,
+        no events), encoded into this batch, its attributes ``encode(ev, prefix, graph, state,
+        memo)`` (:class:`otel_graph.task_encoding.TaskAttributeEncoder`): no attribute dict, no
+        span context, no ``ReadableSpan``. False, having added nothing, for a failed task or
+        attributes that raised: :meth:`DirectEmitter.emit` then makes it."""
+        if ev.error is not None:
+            return False
+        parts = self.parts
+        memo = parts.memo
+        try:
+            entry = parts.child_entry(self.emitter._context_of(parent), self.emitter._random.getrandbits(64) or 1,
+                                      name, ev.start_ns, ev.end_ns, encode(ev, prefix, graph, state, memo), memo)
+        except Exception:  # noqa: BLE001 - made the generic way, which says what it left out
+            return False
+        self.append((entry, parts.origin))
+        return True
 
     def queue(self) -> None:
         if self:

@@ -83,6 +83,9 @@ PROGRESS_SPANS_PER_STEP = 100
 PROGRESS_SPAN = "dask.compute.progress"
 #: Task events turned into TaskEvents and consumed at a time (see _drain).
 EVENT_SLICE = 2048
+#: Spans a batch of a large compute's holds before it is queued: the export thread starts on
+#: them while the rest are made (a compute's last spans are what its flush waits for).
+BATCH_SPANS = 256
 #: The keyword arguments of a task span without a span id given out while it ran.
 _NO_EXTRA: dict[str, Any] = {}
 #: How long stop() waits, once it gave up, for the thread to put down its slice.
@@ -142,7 +145,8 @@ class ComputeRecord:
         self.claimed = False
         #: Drained inline when it ends, if small (its root is then a light one: compute_span).
         self.inline = False
-        #: While a drain makes its spans: where they are encoded, to be queued together (or None).
+        #: While spans of it are made (a compute drained whole, a slice of its task records, its
+        #: end): where they are encoded, to be queued together (or None).
         self.batch: Any = None
 
     def all_reported(self) -> bool:
@@ -227,9 +231,9 @@ class Tracker:
         #: Set when stop() gives up on what is left: no span is made after it, and what is left
         #: stays counted as unbuilt (unprocessed()), not built unseen.
         self._halt = False
-        #: Held while a span of tasks is made (and a compute's root ended), and while stop()
-        #: counts what is left: a count taken as a slice of 2,048 task spans was being made
-        #: counted those spans twice, as unbuilt and then as spans (seen under load).
+        #: Held while spans are made and queued (a compute drained whole, a slice of a large
+        #: one's task records, a compute's end), and while stop() counts what is left: a count
+        #: taken while spans were being made counted them twice, as unbuilt and then as spans.
         self._building = threading.RLock()
         self.tasks_aggregated = 0
         #: Tasks whose spans a lost worker took with it, made up from the scheduler's count.
@@ -418,9 +422,9 @@ class Tracker:
             # it after the count (and after exit's warning). It stops within a slice.
             self._halt = True
         if self._halt:
-            # Halted, no span is made once the one being made is: the count is exact. One
-            # stuck in the making (an application's span processor that blocks) is not waited
-            # for past this; that one span is then counted twice.
+            # Halted, no span is made once the one being made is: the count is exact. Spans
+            # stuck in the making (an application's span processor that blocks) are not waited
+            # for past this; those of the batch being made are then counted twice.
             between = self._building.acquire(timeout=_HALT_WAIT_S)
             try:
                 left = self.unprocessed()
@@ -527,12 +531,13 @@ class Tracker:
         # so that those not kept die young: 10^5 at once outlived two collections, and
         # their promotion set off a full one (~0.1 s) on the tracker's drain.
         for start in range(0, count, EVENT_SLICE):
+            events = list(map(TaskEvent._make, taken[start:start + EVENT_SLICE]))
             with self._building:  # a slice's spans are queued before stop() can count them
                 if self._halt:
                     return
                 self._open_batch(record)
                 try:
-                    self._consume(record, plan, list(map(TaskEvent._make, taken[start:start + EVENT_SLICE])))
+                    self._consume(record, plan, events)
                 finally:
                     self._close_batch(record)
         if self._halt:
@@ -592,7 +597,8 @@ class Tracker:
     def _whole_tasks(self, record: ComputeRecord, taken: list[tuple[Any, ...]], batch: Any) -> None:
         """Under ``_building``: the task metrics and spans of a compute drained whole. Where
         ``batch`` takes spans encoded, its task records become events, prefixes and spans in
-        one pass (a pass each was a good part of what tracing a one-task compute cost)."""
+        one pass (a pass each was a good part of what tracing a one-task compute cost). What
+        raises there (a malformed record) abandons the compute, as anywhere in a drain."""
         if batch is None:
             self._consume(record, None, list(map(TaskEvent._make, taken)))
             return
@@ -620,15 +626,18 @@ class Tracker:
         return batch
 
     def _close_batch(self, record: ComputeRecord) -> None:
-        """Queue the spans :meth:`_open_batch`'s batch took (under ``_building``, with them); a
-        batch the processors refuse counts each of its spans in ``span_errors``."""
+        """Queue the spans :meth:`_open_batch`'s batch took (under ``_building``, with them)."""
         batch, record.batch = record.batch, None
         if batch:
-            count = len(batch)  # a refused batch is emptied all the same
-            try:
-                batch.queue()
-            except Exception as exc:
-                self._span_failed(exc, count)
+            self._queue_batch(batch)
+
+    def _queue_batch(self, batch: Any) -> None:
+        """Queue ``batch``'s spans, which empties it; refused, each counts in ``span_errors``."""
+        count = len(batch)  # a refused batch is emptied all the same
+        try:
+            batch.queue()
+        except Exception as exc:
+            self._span_failed(exc, count)
 
     def _progress(self, record: ComputeRecord) -> None:
         if not record.sampled:
@@ -664,7 +673,10 @@ class Tracker:
             name = self._metrics.span_name(prefix)
             try:
                 if extra is _NO_EXTRA and batch is not None \
-                        and batch.add_task(record.span, ev, name, self._task_encoder, record.graph, record.state):
+                        and batch.add_task(record.span, ev, prefix, name, self._task_encoder, record.graph,
+                                           record.state):
+                    if len(batch) >= BATCH_SPANS:
+                        self._queue_batch(batch)
                     return
                 self._emitter.emit(parent=record.span, name=name, start_ns=ev.start_ns, end_ns=ev.end_ns,
                                    attributes=task_attributes(ev, prefix, record.graph, record.state), error=ev.error,
@@ -710,7 +722,7 @@ class Tracker:
         """Task metrics for runs a lost worker finished but never exported (from any thread)."""
         self._metrics.record_recovered(prefix, failed=failed, count=count, duration_s=duration_s)
 
-    def _finish(self, record: ComputeRecord, plan: SpanPlan) -> None:
+    def _finish(self, record: ComputeRecord, plan: SpanPlan | None) -> None:
         with self._building:  # its spans, the root's end and its leaving the count, as one
             if not self._halt:
                 batch = self._open_batch(record)

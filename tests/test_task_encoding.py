@@ -110,7 +110,8 @@ def test_task_spans_encoded_from_records_equal_stock(trace_state: TraceState | N
         assert (made, prefixes, left) == (events, [task_prefix(ev.key) for ev in events], [])
     else:  # one at a time, as a span plan hands them out
         for ev in events:
-            assert batch.add_task(parent, ev, task_prefix(ev.key), encoder, graph if with_state else None, state)
+            prefix = task_prefix(ev.key)
+            assert batch.add_task(parent, ev, prefix, prefix, encoder, graph if with_state else None, state)
     assert encoded.spans == []  # kept until queued, then queued at once
     batch.queue()
 
@@ -144,8 +145,8 @@ def test_tasks_a_batch_cannot_encode_are_left_to_the_generic_path() -> None:
     assert batch is not None
     assert batch.add_tasks(parent, [bad, good, failed], str, refuse_bad, None, None)[1:] == (["bad", "good", "failed"],
                                                                                           [0, 2])
-    assert not batch.add_task(parent, bad, "bad", refuse_bad, None, None)
-    assert not batch.add_task(parent, failed, "failed", refuse_bad, None, None)
+    assert not batch.add_task(parent, bad, "bad", "bad", refuse_bad, None, None)
+    assert not batch.add_task(parent, failed, "failed", "failed", refuse_bad, None, None)
     assert len(batch) == 1
     batch.queue()
     (span,) = encode_spans_fast(encoded.spans).resource_spans[0].scope_spans[0].spans
@@ -237,10 +238,12 @@ def _names(spans: list[tuple[bytes, int]]) -> list[str]:
     return [span.name for span in encode_spans_fast(spans).resource_spans[0].scope_spans[0].spans]
 
 
-def test_a_prefix_first_seen_in_a_small_compute_names_its_spans() -> None:
+def test_a_prefix_first_seen_in_a_small_compute_names_its_spans(monkeypatch: pytest.MonkeyPatch) -> None:
     """The span names of a compute drained whole are asked as its prefixes are admitted to the
-    metrics, task by task: a prefix the process never saw names its spans itself, failed tasks
-    of it included, not "(other prefixes)"."""
+    metrics, task by task, failed tasks too: a prefix the process never saw names its spans
+    itself, not "(other prefixes)"; past the limit, in the order the metrics admit them."""
+    from otel_graph import metrics
+
     encoded = Encoded()
     tracker = _tracker(encoded)
     try:
@@ -251,6 +254,20 @@ def test_a_prefix_first_seen_in_a_small_compute_names_its_spans() -> None:
                             ("failing-1", 1, 2, 1, 1, -1, "", ErrorInfo("ValueError", "no", ""))])
         tracker.end(record, None)
         assert sorted(_names(encoded.spans)) == ["dask.compute", "failing", "fresh", "fresh"]
+    finally:
+        tracker.stop(5)
+
+    monkeypatch.setattr(metrics, "MAX_METRIC_PREFIXES", 1)
+    encoded = Encoded()
+    tracker = _tracker(encoded)
+    try:
+        record = tracker.begin("sync")
+        assert record is not None
+        record.submitted = 2  # the failed task's prefix comes first, and takes the one place
+        record.sink.extend([("failing-1", 1, 2, 1, 1, -1, "", ErrorInfo("ValueError", "no", "")),
+                            ("fresh-1", 1, 2, 1, 1, 8, "int", None)])
+        tracker.end(record, None)
+        assert sorted(_names(encoded.spans)) == ["(other prefixes)", "dask.compute", "failing"]
     finally:
         tracker.stop(5)
 
@@ -266,6 +283,7 @@ def test_a_large_computes_slices_are_queued_once_each_even_when_one_is_refused(
         calls = 0
 
         def on_end_encoded_many(self, spans: list[tuple[bytes, int]]) -> None:
+            assert tracker._building._is_owned()  # queued before stop() can count them
             self.calls += 1
             if self.calls == 2:
                 raise RuntimeError("queue refused")
@@ -289,5 +307,34 @@ def test_a_large_computes_slices_are_queued_once_each_even_when_one_is_refused(
         assert names.count("dask.compute") == 1  # the root went with the last batch
         assert tracker.span_errors == 100
         assert sum("making a span raised" in r.getMessage() for r in caplog.records) == 1
+    finally:
+        tracker.stop(5)
+
+
+def test_a_large_computes_spans_are_queued_a_few_hundred_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The span plan's spans go to the export queue in batches of BATCH_SPANS as they are made,
+    not a slice at the end: the exporter starts on them while the rest are made."""
+    from otel_graph import tracker as tracker_module
+
+    class Sizes(Encoded):
+        def __init__(self) -> None:
+            super().__init__()
+            self.sizes: list[int] = []
+
+        def on_end_encoded_many(self, spans: list[tuple[bytes, int]]) -> None:
+            self.sizes.append(len(spans))
+            super().on_end_encoded_many(spans)
+
+    monkeypatch.setattr(tracker_module, "BATCH_SPANS", 30)
+    sizes = Sizes()
+    tracker = _tracker(sizes, max_task_spans=None)
+    try:
+        record = tracker.begin("sync")
+        assert record is not None
+        record.submitted = 200
+        record.sink.extend((f"big-{i}", 1, 2, 1, 1, 8, "int", None) for i in range(200))
+        tracker.end(record, None)
+        assert tracker.flush(10)
+        assert sum(sizes.sizes) == 201 and max(sizes.sizes) <= 30 and len(sizes.spans) == 201
     finally:
         tracker.stop(5)
