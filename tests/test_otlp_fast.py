@@ -614,6 +614,24 @@ def test_spans_queued_together_are_counted_one_by_one() -> None:
     assert processor.undelivered == 2 + 2
 
 
+def test_spans_queued_together_weigh_what_each_weighs_alone() -> None:
+    """A batch's weight (on_end_encoded_many adds it up in a loop of its own) is the sum of its
+    spans' _weight, large spans included, so the queue's bound holds whichever way they come."""
+    from otel_graph.pipeline import SPAN_BYTES, ReliableSpanProcessor, _weight
+
+    spans = [(b"x" * size, 0) for size in (10, SPAN_BYTES - 1, SPAN_BYTES, 3 * SPAN_BYTES + 7, 0)]
+    together = ReliableSpanProcessor(InMemorySpanExporter(), max_queued=10_000, schedule_delay_s=60)
+    alone = ReliableSpanProcessor(InMemorySpanExporter(), max_queued=10_000, schedule_delay_s=60)
+    try:
+        together.on_end_encoded_many(spans)
+        for span in spans:
+            alone.on_end_encoded(span)
+        assert together._weight == alone._weight == sum(map(_weight, spans)) == len(spans) + 1 + 3
+    finally:
+        together.shutdown()
+        alone.shutdown()
+
+
 @pytest.mark.parametrize("length", [0, 1, 99, 100, 105, 120, 126, 127, 128, 200, 16_400])
 def test_a_keyed_string_is_the_generic_attribute_byte_for_byte(length: int) -> None:
     """The task key's short path writes the bytes the generic encoder writes, at every length
