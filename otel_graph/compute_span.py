@@ -39,6 +39,7 @@ spans: events reach them from other threads, and they live as long as the comput
 
 from __future__ import annotations
 
+import random as random_module
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -50,6 +51,12 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status,
 from otel_graph.events import describe_exception
 from otel_graph.spans import UNSET_STATUS, exception_event_attributes
 
+try:  # the context key of the current span (get_current_span's)
+    from opentelemetry.trace.propagation import _SPAN_KEY
+except ImportError:  # another API release: then get_current_span is called
+    _SPAN_KEY = None
+_getrandbits = random_module.getrandbits
+
 #: W3C's random-trace-id flag (SDK 1.45.2 and later set it, as this does where it exists).
 _RANDOM = getattr(TraceFlags, "RANDOM_TRACE_ID", 0)
 #: One of each, not one a compute: (sampled, random trace id) -> flags.
@@ -57,18 +64,27 @@ _FLAGS = {(sampled, random): TraceFlags((TraceFlags.SAMPLED if sampled else Trac
           for sampled in (False, True) for random in (False, True)}
 
 
-def start_compute_span(emitter: Any, name: str, *, start_ns: int, attributes: dict[str, Any]) -> trace.Span:
-    """A root span under the current context's span, as ``tracer.start_span`` would make it.
+def start_compute_span(emitter: Any, name: str, *, start_ns: int, attributes: dict[str, Any],
+                       context: otel_context.Context | None = None) -> trace.Span:
+    """A root span under ``context``'s span (None: the current context's), as ``tracer.start_span``
+    would make it.
 
     ``attributes`` are the span's, taken as they are: pass a dict of its own."""
-    context = otel_context.get_current()
-    current = trace.get_current_span(context)
-    parent = None if current is trace.INVALID_SPAN else current.get_span_context()  # no span: the usual case
-    if parent is not None and not parent.is_valid:
-        parent = None
+    if context is None:
+        context = otel_context.get_current()
+    # trace.get_current_span(context), read without its two calls where its key is known
+    current = context.get(_SPAN_KEY) if _SPAN_KEY is not None else trace.get_current_span(context)
+    parent = None
+    if current is not None and current is not trace.INVALID_SPAN and isinstance(current, trace.Span):
+        parent = current.get_span_context()  # no span: the usual case
+        if not parent.is_valid:
+            parent = None
     ids = emitter.id_generator
+    # The SDK's RandomIdGenerator's draws, made here without its calls: each id is drawn from
+    # the random module, and redrawn (by the generator) while invalid.
+    draws = emitter.draws_ids
     if parent is None:
-        trace_id, random = ids.generate_trace_id(), emitter.random_trace_ids
+        trace_id, random = (draws and _getrandbits(128)) or ids.generate_trace_id(), emitter.random_trace_ids
     else:
         trace_id, random = parent.trace_id, bool(getattr(parent.trace_flags, "random_trace_id", False))
     if emitter.follows_parent:  # the SDK's default sampler, decided as it decides
@@ -78,7 +94,7 @@ def start_compute_span(emitter: Any, name: str, *, start_ns: int, attributes: di
         decision = emitter.sampler.should_sample(context, trace_id, name, SpanKind.INTERNAL, attributes, ())
         sampled, recording = decision.decision.is_sampled(), decision.decision.is_recording()
         trace_state, attributes = decision.trace_state, dict(decision.attributes or {})
-    span_context = SpanContext(trace_id, ids.generate_span_id(), is_remote=False,
+    span_context = SpanContext(trace_id, (draws and _getrandbits(64)) or ids.generate_span_id(), is_remote=False,
                                trace_flags=_FLAGS[sampled, random], trace_state=trace_state)
     if not recording:
         return NonRecordingSpan(span_context)

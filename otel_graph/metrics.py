@@ -50,6 +50,9 @@ FOLD_AT = 1024
 #: Task prefixes a process labels its metrics with; later ones share the overflow label.
 MAX_METRIC_PREFIXES = 2000
 _OVERFLOW = ("otel.metric.overflow", True)
+#: A task run as recorded, in plain values: (its prefix's label, or None for the overflow label;
+#: scheduler; failed; duration in ns; result bytes, or -1 unknown).
+Run = tuple[str | None, str, bool, int, int]
 
 logger = logging.getLogger("otel_graph")
 
@@ -66,7 +69,7 @@ class TaskMetrics:
         self._histograms = histograms
         #: Runs and computes recorded, not yet added to the histograms: (label, scheduler,
         #: failed, duration in ns, nbytes) and (scheduler, failed, seconds), plain values.
-        self._runs: list[tuple[str | None, str, bool, int, int]] = []
+        self._runs: list[Run] = []
         self._computes: list[tuple[str, bool, float]] = []
         if histograms is not None:
             made = [histograms.add(PreAggregatedHistogram(name, unit, text, bounds))
@@ -92,9 +95,12 @@ class TaskMetrics:
         self._warned_overflow = False
 
     def record_tasks(self, events: Sequence[TaskEvent], prefixes: Sequence[str], scheduler: str) -> None:
-        admitted = self._prefixes
-        runs = [(prefix if prefix in admitted else self._admit(prefix), scheduler, ev.error is not None,
-                 ev.end_ns - ev.start_ns, ev.nbytes) for ev, prefix in zip(events, prefixes)]
+        admitted = self._prefixes  # label()'s test, inline: a large compute's drain asks it per task
+        self.record_runs([(prefix if prefix in admitted else self._admit(prefix), scheduler, ev.error is not None,
+                           ev.end_ns - ev.start_ns, ev.nbytes) for ev, prefix in zip(events, prefixes)])
+
+    def record_runs(self, runs: list[Run]) -> None:
+        """Task runs as :data:`Run` tuples, labelled by :meth:`label`, in the order their tasks were labelled."""
         with self._lock:
             self._runs += runs
             if len(self._runs) >= self._fold_at:
@@ -121,8 +127,9 @@ class TaskMetrics:
                     ("dask.scheduler", scheduler), ("dask.task.outcome", "error" if failed else "success"))
             self._compute(attributes, [seconds])
 
-    def _label(self, prefix: str) -> str | None:
-        """``prefix``'s label in the metrics: itself, or None (the overflow label)."""
+    def label(self, prefix: str) -> str | None:
+        """``prefix``'s label in the metrics: itself, or None (the overflow label) past the
+        limit. A prefix is admitted by the first run labelled with it."""
         return prefix if prefix in self._prefixes else self._admit(prefix)
 
     def _admit(self, prefix: str) -> str | None:
@@ -152,7 +159,7 @@ class TaskMetrics:
         sum are exact and its buckets approximate. ``OTHER_PREFIXES`` stands for runs the
         worker labelled with the overflow attribute.
         """
-        label = None if prefix == OTHER_PREFIXES else self._label(prefix)
+        label = None if prefix == OTHER_PREFIXES else self.label(prefix)
         attributes = (*self._task_attributes(label, "distributed", failed), ("dask.task.recovered", True))
         with self._lock:
             self._duration(attributes, [duration_s / count] * count)
@@ -180,10 +187,14 @@ class TaskMetrics:
             attributes = self._by_prefix[prefix] = (("dask.task.prefix", prefix),)
         return attributes
 
-    def record_compute(self, duration_s: float, scheduler: str, failed: bool) -> None:
+    def record_compute(self, duration_s: float, scheduler: str, failed: bool, *, runs: list[Run] | None = None
+                       ) -> None:
+        """A compute's duration; with ``runs``, its task runs too (:meth:`record_runs`), under one lock."""
         with self._lock:
+            if runs:
+                self._runs += runs
             self._computes.append((scheduler, failed, duration_s))
-            if len(self._computes) >= self._fold_at:
+            if len(self._computes) >= self._fold_at or len(self._runs) >= self._fold_at:
                 self._fold()
 
 

@@ -39,7 +39,7 @@ from __future__ import annotations
 import inspect
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
@@ -90,11 +90,16 @@ def processors_behind(processor: Any) -> tuple[Any, ...] | None:
     return None
 
 
-def tracer_enabled(tracer: Any) -> bool:
-    """Whether the SDK's tracer configurator leaves ``tracer`` enabled (``start_span`` makes
-    recording spans); True where the SDK has no configurator."""
+def tracer_enabled(tracer: Any) -> Callable[[], bool]:
+    """What tells whether the SDK's tracer configurator leaves ``tracer`` enabled (``start_span``
+    makes recording spans): the tracer's own check, asked per compute; always True where the
+    SDK has no configurator."""
     enabled = getattr(tracer, "_is_enabled", None)
-    return True if enabled is None else bool(enabled())
+    return enabled if callable(enabled) else _always
+
+
+def _always() -> bool:
+    return True
 
 
 _DEFAULT_DELEGATES = ("_root", "_remote_parent_sampled", "_remote_parent_not_sampled", "_local_parent_sampled",

@@ -36,7 +36,7 @@ import weakref
 from functools import lru_cache, partial
 from itertools import islice
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dask._task_spec import NestedContainer, Task, _execute_subgraph, _identity_cast
 from dask.utils import funcname
@@ -44,8 +44,12 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from toolz.functoolz import Compose
 
-from otel_graph.events import INT64_MAX, MAX_KEY_CHARS, ErrorInfo, TaskEvent, key_to_str, safe_text, task_prefix
+from otel_graph.events import (INT64_MAX, MAX_KEY_CHARS, OTHER_PREFIXES, ErrorInfo, TaskEvent, key_to_str, safe_text,
+                               task_prefix)
 from otel_graph.policy import Aggregate
+
+if TYPE_CHECKING:
+    from otel_graph.metrics import Run
 
 MAX_DEPENDENCIES = 32
 
@@ -126,7 +130,8 @@ class _FunctionNames:
                     if isinstance(arg, _HOLDERS):
                         self._visit(arg, names, depth + 1)
             # Containers (a List node, or the plain Task that builds one) are structure, not code.
-            if not isinstance(value, NestedContainer) and func is not _identity_cast:
+            # A plain Task is none: known without NestedContainer's isinstance, Python code (an ABC).
+            if (type(value) is Task or not isinstance(value, NestedContainer)) and func is not _identity_cast:
                 try:
                     if type(func) is Compose:  # toolz.compose (Dask's reductions): the functions it chains
                         for inner in (func.first, *func.funcs)[:MAX_FUNCTION_NAMES - len(names)]:
@@ -278,6 +283,7 @@ class DirectEmitter:
 
     def __init__(self, provider: Any, scope: Any) -> None:
         from opentelemetry.sdk.trace import Event, ReadableSpan
+        from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
         from opentelemetry.trace import SpanContext
 
         from otel_graph.sdk_internals import follows_parent, processors_behind, span_processor
@@ -294,6 +300,8 @@ class DirectEmitter:
         self.event = Event
         #: What a root span is made with (otel_graph.compute_span), as the provider's tracer would.
         self.sampler, self.id_generator = provider.sampler, provider.id_generator
+        #: The id generator is the SDK's RandomIdGenerator itself (a root span draws its ids as it does).
+        self.draws_ids = type(provider.id_generator) is RandomIdGenerator
         #: Whether its trace ids are random (W3C's flag for a root span says so); a generator
         #: that cannot say is taken as not random.
         try:
@@ -356,6 +364,8 @@ class DirectEmitter:
             return None
         current = multi._span_processors
         known, parts = self._encoding
+        if parts is not None and len(parts.memo.pairs) > _MEMO_PAIRS:
+            known = None  # a new memo: task keys would grow it without end
         if current is not known:
             parts = None
             if current and all(getattr(p, "takes_encoded", False) for p in current):
@@ -373,16 +383,16 @@ class DirectEmitter:
         :meth:`EncodedBatch.add`), to queue them together (:meth:`EncodedBatch.queue`); None where
         spans are not encoded as they end, or where a span limit bites."""
         encoding = None if self._limits is not None else self._encoder()
-        return None if encoding is None else EncodedBatch(self, *encoding)
+        if encoding is None:
+            return None
+        batch = EncodedBatch()  # list's own __init__: a Python one cost each compute a call
+        batch.emitter, (batch.processors, batch.parts) = self, encoding
+        return batch
 
-    def _queue_encoded(self, processors: Any, parts: _Encoding, encoded: tuple[bytes, int]) -> None:
-        self._bound_memo(parts)
+    @staticmethod
+    def _queue_encoded(processors: Any, encoded: tuple[bytes, int]) -> None:
         for processor in processors:
             processor.on_end_encoded(encoded)
-
-    def _bound_memo(self, parts: _Encoding) -> None:
-        if len(parts.memo.pairs) > _MEMO_PAIRS:
-            self._encoding = (None, None)  # a new memo: task keys would grow it without end
 
     def hand_over(self, *, name: str, context: Any, parent: Any, start_ns: int, end_ns: int,
                   attributes: dict[str, Any], events: tuple[Any, ...], status: Status) -> None:
@@ -404,7 +414,7 @@ class DirectEmitter:
                 processors, parts = encoding
                 encoded = _encoded(parts, name, context, parent, start_ns, end_ns, attributes, events, status)
                 if encoded is not None:
-                    self._queue_encoded(processors, parts, encoded)
+                    self._queue_encoded(processors, encoded)
                     return
         self._processor.on_end(self._readable(
             name=name, context=context, parent=parent, resource=self._resource,
@@ -423,9 +433,9 @@ class EncodedBatch(list):  # type: ignore[type-arg]
 
     __slots__ = ("emitter", "processors", "parts")
 
-    def __init__(self, emitter: DirectEmitter, processors: Any, parts: _Encoding) -> None:
-        super().__init__()
-        self.emitter, self.processors, self.parts = emitter, processors, parts
+    emitter: DirectEmitter
+    processors: Any
+    parts: _Encoding
 
     def add(self, name: str, context: Any, parent: Any, start_ns: int, end_ns: int, attributes: dict[str, Any],
             events: tuple[Any, ...], status: Status) -> None:
@@ -439,39 +449,41 @@ class EncodedBatch(list):  # type: ignore[type-arg]
         else:
             self.append(encoded)
 
-    def add_tasks(self, parent: trace.Span, tasks: Sequence[tuple[Any, ...]], name_of: Callable[[str], str],
-                  encode: Callable[..., bytes], graph: Any, state: Any
-                  ) -> tuple[list[TaskEvent], list[str], list[int]]:
-        """Task records (TaskEvent's fields) as task spans, children of ``parent``, in one pass:
-        their events, their prefixes, and the positions of the events left out.
+    def add_tasks(self, parent: trace.SpanContext, tasks: Sequence[tuple[Any, ...]], label: Callable[[str], str | None],
+                  scheduler: str, encode: Callable[..., bytes], graph: Any, state: Any
+                  ) -> tuple[list[Run], list[tuple[TaskEvent, str]]]:
+        """Task records (TaskEvent's fields) as task spans, children of the span whose context is
+        ``parent``, in one pass:
+        the tasks' runs, for :meth:`otel_graph.metrics.TaskMetrics.record_runs`, and the tasks
+        left out, ``(event, prefix)``.
 
-        Each task's span is named ``name_of(prefix)``, asked for every task in order, failed
-        ones too; one that succeeded is added as :meth:`add_task` adds it. Left out, for
-        :meth:`DirectEmitter.emit` to make: failed tasks (their spans carry an exception
-        event), and those whose attributes raised (the generic path logs the attribute and
-        leaves it out)."""
+        Each task is labelled ``label(prefix)`` (:meth:`~otel_graph.metrics.TaskMetrics.label`),
+        in order, failed ones too, and its span named by the label. One that succeeded is added
+        as :meth:`add_task` adds it. Left out, for :meth:`DirectEmitter.emit` to make: failed
+        tasks (their spans carry an exception event), and those whose attributes raised (the
+        generic path logs the attribute and leaves it out)."""
         parts = self.parts
         memo, child_entry, origin = parts.memo, parts.child_entry, parts.origin
-        parent_context = self.emitter._context_of(parent)
         span_id, make, append = self.emitter._random.getrandbits, TaskEvent._make, self.append
-        events, prefixes, left = [], [], []
-        for index, task in enumerate(tasks):
+        runs: list[Run] = []
+        left: list[tuple[TaskEvent, str]] = []
+        for task in tasks:
             ev = make(task)
             prefix = task_prefix(ev.key)
-            events.append(ev)
-            prefixes.append(prefix)
-            name = name_of(prefix)
-            if ev.error is not None:
-                left.append(index)
+            labelled = label(prefix)
+            failed = ev.error is not None
+            runs.append((labelled, scheduler, failed, ev.end_ns - ev.start_ns, ev.nbytes))
+            if failed:
+                left.append((ev, prefix))
                 continue
             try:  # add_task's body, inlined: a call a task cost a small compute's spans a tenth more
-                entry = child_entry(parent_context, span_id(64) or 1, name, ev.start_ns, ev.end_ns,
-                                    encode(ev, prefix, graph, state, memo), memo)
+                entry = child_entry(parent, span_id(64) or 1, OTHER_PREFIXES if labelled is None else prefix,
+                                    ev.start_ns, ev.end_ns, encode(ev, prefix, graph, state, memo), memo)
             except Exception:  # noqa: BLE001 - made the generic way, which says what it left out
-                left.append(index)
+                left.append((ev, prefix))
                 continue
             append((entry, origin))
-        return events, prefixes, left
+        return runs, left
 
     def add_task(self, parent: trace.Span, ev: TaskEvent, prefix: str, name: str, encode: Callable[..., bytes],
                  graph: Any, state: Any) -> bool:
@@ -495,7 +507,6 @@ class EncodedBatch(list):  # type: ignore[type-arg]
     def queue(self) -> None:
         if self:
             try:
-                self.emitter._bound_memo(self.parts)
                 for processor in self.processors:
                     processor.on_end_encoded_many(self)
             finally:  # refused, they are counted once (by the caller), never queued again

@@ -31,9 +31,9 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
-from functools import partial
 from typing import Any
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Status, StatusCode, TraceFlags
@@ -41,7 +41,7 @@ from opentelemetry.trace import Status, StatusCode, TraceFlags
 from otel_graph.compute_span import ComputeSpan, start_compute_span
 from otel_graph.events import TaskEvent, describe_exception, task_prefix
 from otel_graph.forks import forked_child_drops, stands_down
-from otel_graph.metrics import TaskMetrics
+from otel_graph.metrics import Run, TaskMetrics
 from otel_graph.policy import Aggregate, SpanPlan
 from otel_graph.spans import (
     ApiEmitter,
@@ -98,23 +98,26 @@ class ComputeRecord:
     __slots__ = ("scheduler", "span", "context", "start_ns", "end_ns", "error", "sink", "submitted",
                  "lost", "seen", "in_spans", "graph", "state", "plan", "sampled", "graph_tasks", "cluster",
                  "cluster_events", "task_span_ids", "caller", "parents", "assign_ids", "in_backlog",
-                 "progress_ns", "progress_spans", "outer", "claimed", "inline", "batch")
+                 "progress_ns", "progress_spans", "outer", "claimed", "inline", "batch", "span_context")
 
-    def __init__(self, scheduler: str, span: trace.Span, start_ns: int, *, assign_ids: bool = False) -> None:
+    def __init__(self, scheduler: str, span: trace.Span, start_ns: int, *, assign_ids: bool = False,
+                 context: Context | None = None) -> None:
+        """``context`` is the caller's (None: the current one), which its tasks run in, the task parent current."""
         self.scheduler = scheduler
         self.span = span
         #: Span ids given to tasks that had spans started inside them (otel_graph.task_context).
         self.task_span_ids: dict[Any, int] = {}
         #: The thread that called compute, and the task parent of each thread running tasks.
         self.caller = _get_ident()
-        span_context = span.get_span_context()
+        #: The root's span context: the parent of the task spans.
+        self.span_context = span_context = span.get_span_context()
         self.sampled = bool(span_context.trace_flags & _SAMPLED)
         # An unsampled compute emits no task spans: its tasks' children follow it, unsampled.
         self.assign_ids = assign_ids = assign_ids and self.sampled
         parent = TaskParent(span_context, self.task_span_ids, assign_ids=assign_ids)
         # The caller's own context (its baggage, say) with the task parent current; other
         # threads get this one with their own parent (parent_for).
-        self.context = trace.set_span_in_context(parent)
+        self.context = trace.set_span_in_context(parent, context)
         self.parents: dict[int, tuple[TaskParent, Context]] = {self.caller: (parent, self.context)}
         self.start_ns = start_ns
         self.end_ns: int | None = None
@@ -131,9 +134,10 @@ class ComputeRecord:
         self.plan: SpanPlan | None = None
         #: Tasks counted elsewhere (the distributed scheduler); None where we count them ourselves.
         self.graph_tasks: int | None = None
-        #: distributed: the scheduler's address, and the cluster events already noted on the span.
+        #: distributed: the scheduler's address, and the cluster events already noted on the span
+        #: (a set, made at the first).
         self.cluster: str | None = None
-        self.cluster_events: set[tuple[str, str]] = set()
+        self.cluster_events: set[tuple[str, str]] | None = None
         #: Counted in the tracker's backlog of ended computes not yet processed.
         self.in_backlog = False
         #: The end of the last progress span; None before the first.
@@ -199,7 +203,7 @@ class Tracker:
         if self._queues_only is not None:  # a DirectEmitter, which loaded sdk_internals already
             from otel_graph.sdk_internals import tracer_enabled
 
-            self._tracer_enabled = partial(tracer_enabled, tracer)
+            self._tracer_enabled = tracer_enabled(tracer)
         #: The computes being drained inline: a flush waits for those begun before it.
         self._inline: set[ComputeRecord] = set()
         # A successful task's span is encoded straight from its record where the emitter can
@@ -276,12 +280,14 @@ class Tracker:
         light = scheduler != "distributed" and self._queues_only is not None and self._queues_only() \
             and self._tracer_enabled()
         if light:
+            context = otel_context.get_current()  # read once: the root's parent, then the tasks' context
             span = start_compute_span(self._emitter, "dask.compute", start_ns=start,
-                                      attributes={"dask.scheduler": scheduler})
+                                      attributes={"dask.scheduler": scheduler}, context=context)
         else:
+            context = None
             span = self._tracer.start_span("dask.compute", start_time=start,
                                            attributes={"dask.scheduler": scheduler})
-        record = ComputeRecord(scheduler, span, start, assign_ids=self._assign_ids)
+        record = ComputeRecord(scheduler, span, start, assign_ids=self._assign_ids, context=context)
         record.inline = light
         with self._lock:
             self._records[record] = None
@@ -294,8 +300,9 @@ class Tracker:
     def end(self, record: ComputeRecord, error: BaseException | None) -> None:
         record.error = error  # before end_ns: a drain in between must not see a failure as success
         record.end_ns = time.time_ns()
-        if record.inline and record.submitted <= INLINE_MAX_TASKS and record.all_reported() \
-                and self._drain_here(record):
+        # all_reported(), inline: a call fewer per compute
+        if record.inline and record.submitted <= INLINE_MAX_TASKS \
+                and record.seen + len(record.sink) + record.lost >= record.submitted and self._drain_here(record):
             return
         with self._wake:
             self._requested += 1
@@ -309,13 +316,16 @@ class Tracker:
         """Drain an ended compute in this thread (see :data:`INLINE_MAX_TASKS`); False if
         it is left to the tracker's thread: being drained there, or not finished here."""
         with self._lock:
-            if self._stopping or not self._claim(record):
+            if self._stopping or record.claimed or record not in self._records:  # _claim(), inline
                 return False
+            record.claimed = True
             self._inline.add(record)
         try:
-            self._drain_guarded(record)  # never raises into the user's compute
+            # never raises into the user's compute; whole(), inline: a call fewer per compute
+            self._drain_guarded(record, whole=record.plan is None and not record.task_span_ids
+                                and len(record.sink) <= self._whole_budget)
         finally:
-            with self._wake:
+            with self._lock:  # the condition's lock, taken without the condition's Python-level __enter__
                 record.claimed = False
                 self._inline.discard(record)
                 # Only a flush or stop waits for it: waking the tracker's thread each time would
@@ -498,11 +508,11 @@ class Tracker:
                 self._completed = target
                 self._wake.notify_all()
 
-    def _drain_guarded(self, record: ComputeRecord) -> None:
-        """:meth:`_drain`; a compute that fails it is counted and its root span closed, and
-        one bad compute never stops telemetry for the rest."""
+    def _drain_guarded(self, record: ComputeRecord, *, whole: bool = False) -> None:
+        """:meth:`_drain` (:meth:`_drain_whole`, known to be whole); a compute that fails it is
+        counted and its root span closed, and one bad compute never stops telemetry for the rest."""
         try:
-            self._drain(record)
+            (self._drain_whole if whole else self._drain)(record)
         except Exception:
             self.processing_errors += 1
             logger.debug("otel_graph: failed to process a compute", exc_info=True)
@@ -511,10 +521,13 @@ class Tracker:
             except Exception:
                 logger.debug("otel_graph: failed to close a compute's span", exc_info=True)
 
+    def _whole(self, record: ComputeRecord) -> bool:
+        """Whether ``record``, ended with all its tasks reported, is drained whole (:meth:`_drain_whole`)."""
+        return record.plan is None and not record.task_span_ids and len(record.sink) <= self._whole_budget
+
     def _drain(self, record: ComputeRecord) -> None:
         plan = record.plan
-        if plan is None and record.end_ns is not None and not record.task_span_ids \
-                and len(record.sink) <= self._whole_budget and record.all_reported():
+        if record.end_ns is not None and record.all_reported() and self._whole(record):
             self._drain_whole(record)
             return
         if plan is None:
@@ -557,19 +570,23 @@ class Tracker:
         """A compute that ended, all its tasks reported, within the first half of the span
         budget (which gives tasks spans as they come): what :meth:`_drain` would do, with no
         span plan. Most computes are this small; made and ended at once, they pay for no plan,
-        and their spans, the root's too, are queued together."""
+        and their spans, the root's too, are queued together, as are their metrics."""
         with self._building:
             if self._halt:
                 return
             taken = self._take(record)
-            batch = self._open_batch(record)
+            batch = self._new_batch(record)
+            runs = None
             try:
-                if taken:
-                    self._whole_tasks(record, taken, batch)
+                runs = self._whole_tasks(record, taken, batch) if taken else None
                 if not self._halt:  # halted meanwhile: what is left stays counted as unbuilt
-                    self._end(record, None, batch)
+                    self._end(record, None, batch, runs)
+                    runs = None  # recorded with the compute
             finally:
-                self._close_batch(record)
+                if runs:  # not ended (halted, or a failure): its tasks' runs still count
+                    self._metrics.record_runs(runs)
+                if batch:
+                    self._queue_batch(batch)
 
     @staticmethod
     def _take(record: ComputeRecord) -> list[tuple[Any, ...]]:
@@ -594,35 +611,36 @@ class Tracker:
         for ev, prefix in zip(events, prefixes):
             self._task_span(record, ev, prefix)
 
-    def _whole_tasks(self, record: ComputeRecord, taken: list[tuple[Any, ...]], batch: Any) -> None:
-        """Under ``_building``: the task metrics and spans of a compute drained whole. Where
-        ``batch`` takes spans encoded, its task records become events, prefixes and spans in
-        one pass (a pass each was a good part of what tracing a one-task compute cost). What
-        raises there (a malformed record) abandons the compute, as anywhere in a drain."""
+    def _whole_tasks(self, record: ComputeRecord, taken: list[tuple[Any, ...]], batch: Any) -> list[Run] | None:
+        """Under ``_building``: the spans of a compute drained whole, and its task runs, to be
+        recorded with its end (None: recorded already). Where ``batch`` takes spans encoded,
+        its task records become runs and spans in one pass (a pass each was a good part of what
+        tracing a one-task compute cost). What raises there (a malformed record) abandons the
+        compute, as anywhere in a drain."""
         if batch is None:
             self._consume(record, None, list(map(TaskEvent._make, taken)))
-            return
-        # The names admit the prefixes, in order, as record_tasks would: a prefix first seen
-        # here must name its spans itself, not "(other prefixes)".
-        events, prefixes, left = batch.add_tasks(record.span, taken, self._metrics.admitted_name,
-                                                 self._task_encoder, record.graph, record.state)
-        record.in_spans += len(events) - len(left)
-        self._metrics.record_tasks(events, prefixes, record.scheduler)
-        for index in left:
-            self._task_span(record, events[index], prefixes[index])
+            return None
+        runs, left = batch.add_tasks(record.span_context, taken, self._metrics.label, record.scheduler, self._task_encoder,
+                                     record.graph, record.state)
+        record.in_spans += len(taken) - len(left)
+        for ev, prefix in left:
+            self._task_span(record, ev, prefix)
+        return runs
 
-    def _open_batch(self, record: ComputeRecord) -> Any:
+    def _new_batch(self, record: ComputeRecord) -> Any:
         """Somewhere to keep the spans about to be made of ``record`` encoded, to queue them
         together (one lock round trip per compute, or per slice of a large one's task records,
-        not per span): kept as ``record.batch``, where its span plan's emit finds it. None
-        where spans are not encoded as they end, or the compute is unsampled."""
-        batch = None
+        not per span). None where spans are not encoded as they end, or the compute is unsampled."""
         if self._encoded_batch is not None and record.sampled:
             try:
-                batch = self._encoded_batch()
+                return self._encoded_batch()
             except Exception:  # then each span is handed over on its own
                 logger.debug("otel_graph: could not start a batch of encoded spans", exc_info=True)
-        record.batch = batch
+        return None
+
+    def _open_batch(self, record: ComputeRecord) -> Any:
+        """:meth:`_new_batch`, kept as ``record.batch``, where its span plan's emit finds it."""
+        batch = record.batch = self._new_batch(record)
         return batch
 
     def _close_batch(self, record: ComputeRecord) -> None:
@@ -731,7 +749,8 @@ class Tracker:
                 finally:
                     self._close_batch(record)
 
-    def _end(self, record: ComputeRecord, plan: SpanPlan | None, batch: Any = None) -> None:
+    def _end(self, record: ComputeRecord, plan: SpanPlan | None, batch: Any = None, runs: list[Run] | None = None
+             ) -> None:
         if plan is not None:
             plan.finish()
         span = record.span
@@ -753,7 +772,7 @@ class Tracker:
             span.end(end_time=record.end_ns)
         if record.outer:
             _end_outer(record, record.end_ns)
-        self._metrics.record_compute((record.end_ns - record.start_ns) / 1e9, record.scheduler, failed)
+        self._metrics.record_compute((record.end_ns - record.start_ns) / 1e9, record.scheduler, failed, runs=runs)
         self._forget(record)
 
     def _abandon(self, record: ComputeRecord) -> None:

@@ -185,3 +185,45 @@ def test_other_samplers_are_asked() -> None:
     assert follows_parent(DEFAULT_ON) and follows_parent(ParentBased(ALWAYS_ON))
     assert not any(follows_parent(s) for s in (ALWAYS_ON, ParentBased(ALWAYS_OFF), TraceIdRatioBased(0.5),
                                                ParentBased(ALWAYS_ON, remote_parent_not_sampled=ALWAYS_ON)))
+
+
+def test_the_ids_are_those_the_providers_id_generator_would_give() -> None:
+    """A root span's ids are drawn as the SDK's RandomIdGenerator draws them (seeded alike, the
+    same ids as the SDK's own start_span), and come from any other generator by asking it."""
+    import random
+
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.id_generator import IdGenerator
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+    from otel_graph.compute_span import start_compute_span
+    from otel_graph.spans import DirectEmitter
+
+    provider = TracerProvider()
+    emitter = DirectEmitter(provider, InstrumentationScope("test"))
+    assert emitter.draws_ids
+    token = context.attach(context.Context())  # no current span: a new trace
+    try:
+        random.seed(11)
+        ours = start_compute_span(emitter, "dask.compute", start_ns=1, attributes={}).get_span_context()
+        random.seed(11)
+        sdk = provider.get_tracer("test").start_span("dask.compute").get_span_context()
+
+        class Counting(IdGenerator):
+            def __init__(self) -> None:
+                self.last = 0
+
+            def generate_span_id(self) -> int:
+                self.last += 1
+                return self.last
+
+            def generate_trace_id(self) -> int:
+                return 0xABC
+
+        other = DirectEmitter(TracerProvider(id_generator=Counting()), InstrumentationScope("test"))
+        assert not other.draws_ids
+        counted = start_compute_span(other, "dask.compute", start_ns=1, attributes={}).get_span_context()
+    finally:
+        context.detach(token)
+    assert (ours.trace_id, ours.span_id) == (sdk.trace_id, sdk.span_id)
+    assert (counted.trace_id, counted.span_id) == (0xABC, 1)

@@ -24,7 +24,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, Trace
 from graphs import add, inc
 from otel_graph.events import ErrorInfo, TaskEvent, task_prefix
 from otel_graph.otlp_fast import encode_spans_fast
-from otel_graph.spans import DirectEmitter, EncodedBatch, task_attributes
+from otel_graph.spans import UNSET_STATUS, DirectEmitter, EncodedBatch, task_attributes
 from otel_graph.task_encoding import TaskAttributeEncoder
 
 RESOURCE = Resource({"service.name": "encoding-test"})
@@ -105,9 +105,10 @@ def test_task_spans_encoded_from_records_equal_stock(trace_state: TraceState | N
     batch = emitter.encoded_batch()
     assert batch is not None
     if together:  # a small compute's task records, in one loop
-        made, prefixes, left = batch.add_tasks(parent, [tuple(ev) for ev in events], str, encoder,
-                                               graph if with_state else None, state)
-        assert (made, prefixes, left) == (events, [task_prefix(ev.key) for ev in events], [])
+        runs, left = batch.add_tasks(parent.get_span_context(), [tuple(ev) for ev in events], str, "sync", encoder,
+                                     graph if with_state else None, state)
+        assert left == []
+        assert runs == [(task_prefix(ev.key), "sync", False, ev.end_ns - ev.start_ns, ev.nbytes) for ev in events]
     else:  # one at a time, as a span plan hands them out
         for ev in events:
             prefix = task_prefix(ev.key)
@@ -143,14 +144,17 @@ def test_tasks_a_batch_cannot_encode_are_left_to_the_generic_path() -> None:
 
     batch = emitter.encoded_batch()
     assert batch is not None
-    assert batch.add_tasks(parent, [bad, good, failed], str, refuse_bad, None, None)[1:] == (["bad", "good", "failed"],
-                                                                                          [0, 2])
+    labels = {"bad": "bad", "good": None, "failed": "failed"}  # good past the prefix limit: "(other prefixes)"
+    runs, left = batch.add_tasks(parent.get_span_context(), [bad, good, failed], labels.get, "sync", refuse_bad,
+                                 None, None)
+    assert [run[:3] for run in runs] == [("bad", "sync", False), (None, "sync", False), ("failed", "sync", True)]
+    assert left == [(bad, "bad"), (failed, "failed")]
     assert not batch.add_task(parent, bad, "bad", "bad", refuse_bad, None, None)
     assert not batch.add_task(parent, failed, "failed", "failed", refuse_bad, None, None)
     assert len(batch) == 1
     batch.queue()
     (span,) = encode_spans_fast(encoded.spans).resource_spans[0].scope_spans[0].spans
-    assert span.name == "good"
+    assert span.name == "(other prefixes)"
 
 
 def test_spans_queued_together_that_a_processor_refuses_are_each_counted(caplog: pytest.LogCaptureFixture) -> None:
@@ -196,14 +200,18 @@ def test_a_halt_while_a_small_computes_spans_are_made_queues_what_was_built() ->
     tracker: Tracker
 
     class HaltingBatch(EncodedBatch):  # the halt lands as the task spans are made
-        def add_tasks(self, *args: Any) -> tuple[list[TaskEvent], list[str], list[int]]:
+        def add_tasks(self, *args: Any) -> tuple[list[Any], list[tuple[TaskEvent, str]]]:
             tracker._halt = True  # what stop(drain=False) sets, from the exit hook's thread
             return super().add_tasks(*args)
 
     class Halting(DirectEmitter):
         def encoded_batch(self) -> EncodedBatch | None:
             made = super().encoded_batch()
-            return None if made is None else HaltingBatch(self, made.processors, made.parts)
+            if made is None:
+                return None
+            halting = HaltingBatch()
+            halting.emitter, halting.processors, halting.parts = self, made.processors, made.parts
+            return halting
 
     provider = TracerProvider(resource=RESOURCE)
     encoded = Encoded()
@@ -338,3 +346,33 @@ def test_a_large_computes_spans_are_queued_a_few_hundred_at_a_time(monkeypatch: 
         assert sum(sizes.sizes) == 201 and max(sizes.sizes) <= 30 and len(sizes.spans) == 201
     finally:
         tracker.stop(5)
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_the_memo_of_spans_encoded_as_they_end_stays_bounded(batched: bool) -> None:
+    """The memo of (attribute, value) pairs outlives every batch: each new task key is a new
+    pair, so an emitter must start a new memo once it holds too many, whether its spans go in
+    batches (a small compute's) or one by one; and a span encoded after that is still whole."""
+    from otel_graph.spans import _MEMO_PAIRS
+
+    provider = TracerProvider(resource=RESOURCE)
+    encoded = Encoded()
+    provider.add_span_processor(encoded)
+    emitter = DirectEmitter(provider, SCOPE)
+    parent = NonRecordingSpan(SpanContext(1, 2, False, TraceFlags(1)))
+    largest = 0
+    for i in range(3 * _MEMO_PAIRS):
+        attributes = {"dask.task.key": f"k-{i}"}
+        if batched:
+            batch = emitter.encoded_batch()
+            assert batch is not None
+            batch.add("k", SpanContext(1, i + 3, False, TraceFlags(1)), parent.get_span_context(), 1, 2, attributes,
+                      (), UNSET_STATUS)
+            batch.queue()
+        else:
+            emitter.emit(parent=parent, name="k", start_ns=1, end_ns=2, attributes=attributes)
+        largest = max(largest, len(emitter._encoding[1].memo.pairs))
+    assert largest <= _MEMO_PAIRS + 1
+    assert len(encoded.spans) == 3 * _MEMO_PAIRS
+    (last,) = encode_spans_fast(encoded.spans[-1:]).resource_spans[0].scope_spans[0].spans
+    assert {kv.key: kv.value.string_value for kv in last.attributes} == {"dask.task.key": f"k-{3 * _MEMO_PAIRS - 1}"}

@@ -349,7 +349,9 @@ class ClusterMembership:
             if record.scheduler != "distributed" or record.cluster != cluster:
                 continue
             seen = record.cluster_events
-            if (worker, why) in seen:  # several clients of one cluster hear the same event
+            if seen is None:
+                seen = record.cluster_events = set()
+            elif (worker, why) in seen:  # several clients of one cluster hear the same event
                 continue
             seen.add((worker, why))
             attributes: dict[str, Any] = {"dask.worker.id": worker, "dask.worker.removal": why}
