@@ -47,6 +47,7 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace.span import DEFAULT_TRACE_STATE as _NO_STATE
 
 from otel_graph.events import describe_exception
 from otel_graph.spans import UNSET_STATUS, exception_event_attributes
@@ -157,6 +158,18 @@ class ComputeSpan(trace.Span):
         event = {**exception_event_attributes(describe_exception(exception)), "exception.escaped": str(escaped),
                  **(attributes or {})}
         self.add_event("exception", event, timestamp)
+
+    def settle(self, end_time: int) -> tuple[Any, ...] | None:
+        """End the span, to be encoded later (:meth:`EncodedBatch.add`): ``(name, context, parent,
+        start, end, attributes)``, the context a plain tuple of the SpanContext's first five fields
+        (an empty trace state as None), which, unlike a SpanContext, the garbage collector stops
+        tracking. None, having done nothing, where the span ended already or has events or a status."""
+        if self._end is not None or self._events or self._status is not UNSET_STATUS:
+            return None
+        self._end = end_time
+        trace_id, span_id, remote, flags, state = self._context[:5]
+        return (self._name, (trace_id, span_id, remote, int(flags), None if state is _NO_STATE or not state else state),
+                self._parent, self._start, end_time, self._attributes)
 
     def end(self, end_time: int | None = None, *, into: Any = None) -> None:
         """End the span and hand it to the processors; or, given ``into`` (an ``EncodedBatch``

@@ -190,10 +190,14 @@ class TaskMetrics:
     def record_compute(self, duration_s: float, scheduler: str, failed: bool, *, runs: list[Run] | None = None
                        ) -> None:
         """A compute's duration; with ``runs``, its task runs too (:meth:`record_runs`), under one lock."""
+        self.record_computes([(scheduler, failed, duration_s)], runs)
+
+    def record_computes(self, computes: list[tuple[str, bool, float]], runs: list[Run] | None = None) -> None:
+        """Computes' (scheduler, failed, duration in seconds), and their task runs, under one lock."""
         with self._lock:
             if runs:
                 self._runs += runs
-            self._computes.append((scheduler, failed, duration_s))
+            self._computes += computes
             if len(self._computes) >= self._fold_at or len(self._runs) >= self._fold_at:
                 self._fold()
 

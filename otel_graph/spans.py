@@ -198,18 +198,40 @@ def dependency_keys(deps: Collection[Any]) -> tuple[str, ...]:
     return tuple(sorted(map(key_text, shown)))
 
 
+#: What the graph and Dask's state say of a task, for its span: its dependencies (a collection
+#: of keys), how many tasks depend on it (None: no state to say), its functions' names.
+TaskFacts = tuple[Collection[Any], "int | None", "str | None"]
+
+
+def task_facts(key: Any, graph: Mapping | None, state: Mapping | None, *, keep: bool = False) -> TaskFacts:
+    """The task's :data:`TaskFacts`. With ``keep``, in plain values, which keep neither the graph
+    nor Dask's state alive (its dependencies as a tuple, not Dask's own set)."""
+    if state is None:
+        deps: Collection[Any] = ()
+        dependents = None
+    else:
+        deps = state["dependencies"].get(key, ())
+        dependents = len(state["dependents"].get(key, ()))
+        if keep:
+            deps = tuple(deps) if deps else ()
+    return deps, dependents, None if graph is None else function_names(graph.get(key))
+
+
 def task_attributes(ev: TaskEvent, prefix: str, graph: Mapping | None, state: Mapping | None) -> dict[str, Any]:
+    return attributes_of(ev, prefix, task_facts(ev.key, graph, state))
+
+
+def attributes_of(ev: TaskEvent, prefix: str, facts: TaskFacts) -> dict[str, Any]:
+    """:func:`task_attributes`, given the task's :data:`TaskFacts`."""
     attributes = run_attributes(ev, prefix)
-    if state is not None:
-        deps = state["dependencies"].get(ev.key, ())
+    deps, dependents, functions = facts
+    if dependents is not None:
         attributes["dask.task.dependency_count"] = len(deps)
-        attributes["dask.task.dependent_count"] = len(state["dependents"].get(ev.key, ()))
+        attributes["dask.task.dependent_count"] = dependents
         if deps:
             attributes["dask.task.dependencies"] = dependency_keys(deps)
-    if graph is not None:
-        functions = function_names(graph.get(ev.key))
-        if functions:
-            attributes["code.function.name"] = functions
+    if functions:
+        attributes["code.function.name"] = functions
     return attributes
 
 
@@ -378,13 +400,20 @@ class DirectEmitter:
                 return None
         return current, parts
 
-    def encoded_batch(self) -> EncodedBatch | None:
+    def encoding(self) -> tuple[Any, _Encoding] | None:
+        """Where spans are encoded as they end: (the processors now, what encodes for them), for
+        :meth:`encoded_batch`; None where they are not, or where a span limit bites."""
+        return None if self._limits is not None else self._encoder()
+
+    def encoded_batch(self, encoding: tuple[Any, _Encoding] | None = None) -> EncodedBatch | None:
         """Somewhere to encode spans as they end (:meth:`EncodedBatch.add_tasks`, :meth:`EncodedBatch.add_task`,
-        :meth:`EncodedBatch.add`), to queue them together (:meth:`EncodedBatch.queue`); None where
-        spans are not encoded as they end, or where a span limit bites."""
-        encoding = None if self._limits is not None else self._encoder()
+        :meth:`EncodedBatch.add`), to queue them together (:meth:`EncodedBatch.queue`) to the processors
+        of ``encoding`` (an earlier :meth:`encoding`'s; None: now's); None where spans are not encoded
+        as they end, or where a span limit bites."""
         if encoding is None:
-            return None
+            encoding = self.encoding()
+            if encoding is None:
+                return None
         batch = EncodedBatch()  # list's own __init__: a Python one cost each compute a call
         batch.emitter, (batch.processors, batch.parts) = self, encoding
         return batch
@@ -449,17 +478,19 @@ class EncodedBatch(list):  # type: ignore[type-arg]
         else:
             self.append(encoded)
 
-    def add_tasks(self, parent: trace.SpanContext, tasks: Sequence[tuple[Any, ...]], label: Callable[[str], str | None],
-                  scheduler: str, encode: Callable[..., bytes], graph: Any, state: Any
+    def add_tasks(self, parent: Any, tasks: Sequence[tuple[tuple[Any, ...], TaskFacts]],
+                  label: Callable[[str], str | None], scheduler: str, encode: Callable[..., bytes]
                   ) -> tuple[list[Run], list[tuple[TaskEvent, str]]]:
-        """Task records (TaskEvent's fields) as task spans, children of the span whose context is
-        ``parent``, in one pass:
+        """Task records (TaskEvent's fields), each with its :data:`~otel_graph.task_encoding.TaskFacts`,
+        as task spans, children of the span whose context is ``parent`` (a SpanContext, or a tuple
+        of its first five fields), in one pass:
         the tasks' runs, for :meth:`otel_graph.metrics.TaskMetrics.record_runs`, and the tasks
         left out, ``(event, prefix)``.
 
         Each task is labelled ``label(prefix)`` (:meth:`~otel_graph.metrics.TaskMetrics.label`),
         in order, failed ones too, and its span named by the label. One that succeeded is added
-        as :meth:`add_task` adds it. Left out, for :meth:`DirectEmitter.emit` to make: failed
+        as :meth:`add_task` adds it, its attributes ``encode(ev, prefix, facts, memo)``
+        (:meth:`otel_graph.task_encoding.TaskAttributeEncoder.encode`). Left out, for :meth:`DirectEmitter.emit` to make: failed
         tasks (their spans carry an exception event), and those whose attributes raised (the
         generic path logs the attribute and leaves it out)."""
         parts = self.parts
@@ -467,7 +498,7 @@ class EncodedBatch(list):  # type: ignore[type-arg]
         span_id, make, append = self.emitter._random.getrandbits, TaskEvent._make, self.append
         runs: list[Run] = []
         left: list[tuple[TaskEvent, str]] = []
-        for task in tasks:
+        for task, facts in tasks:
             ev = make(task)
             prefix = task_prefix(ev.key)
             labelled = label(prefix)
@@ -478,7 +509,7 @@ class EncodedBatch(list):  # type: ignore[type-arg]
                 continue
             try:  # add_task's body, inlined: a call a task cost a small compute's spans a tenth more
                 entry = child_entry(parent, span_id(64) or 1, OTHER_PREFIXES if labelled is None else prefix,
-                                    ev.start_ns, ev.end_ns, encode(ev, prefix, graph, state, memo), memo)
+                                    ev.start_ns, ev.end_ns, encode(ev, prefix, facts, memo), memo)
             except Exception:  # noqa: BLE001 - made the generic way, which says what it left out
                 left.append((ev, prefix))
                 continue

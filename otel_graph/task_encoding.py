@@ -24,7 +24,8 @@ from typing import Any
 
 from otel_graph.events import INT64_MAX
 from otel_graph.otlp_fast import attribute_head, encoded_attribute, encoded_attributes, keyed_string
-from otel_graph.spans import MAX_DEPENDENCIES, _type_text, _worker_id, dependency_keys, function_names, key_text
+from otel_graph.spans import (MAX_DEPENDENCIES, TaskFacts, _type_text, _worker_id, dependency_keys, key_text,
+                               task_facts)
 
 #: Entries each cache keeps at most; past it, it starts again empty.
 _CACHE_ENTRIES = 4096
@@ -49,6 +50,10 @@ class TaskAttributeEncoder:
 
     def __call__(self, ev: Any, prefix: str, graph: Mapping | None, state: Mapping | None, memo: Any) -> bytes:
         """Raises where a field cannot be encoded: the generic path then logs and leaves it out."""
+        return self.encode(ev, prefix, task_facts(ev.key, graph, state), memo)
+
+    def encode(self, ev: Any, prefix: str, facts: TaskFacts, memo: Any) -> bytes:
+        """:meth:`__call__`, given what the graph and Dask's state say of the task (:func:`task_facts`)."""
         key = ev.key
         parts = [keyed_string(_KEY_HEAD, key_text(key))]
         where = self._where.get((prefix, ev.worker, ev.thread, ev.type_name))
@@ -63,9 +68,9 @@ class TaskAttributeEncoder:
             if size is None:
                 size = _remember(self._sizes, nbytes, encoded_attribute("dask.task.nbytes", nbytes, memo))
             parts.append(size)
-        if state is not None:
-            deps = state["dependencies"].get(key, ())
-            counted = (len(deps), len(state["dependents"].get(key, ())))
+        deps, dependents, functions = facts
+        if dependents is not None:
+            counted = (len(deps), dependents)
             counts = self._counts.get(counted)
             if counts is None:
                 counts = _remember(self._counts, counted, encoded_attributes({
@@ -81,14 +86,12 @@ class TaskAttributeEncoder:
                 else:
                     listed = encoded_attribute("dask.task.dependencies", dependency_keys(deps), memo)
                 parts.append(listed)
-        if graph is not None:
-            functions = function_names(graph.get(key))
-            if functions:
-                named = self._functions.get(functions)
-                if named is None:
-                    named = _remember(self._functions, functions,
-                                      encoded_attribute("code.function.name", functions, memo))
-                parts.append(named)
+        if functions:
+            named = self._functions.get(functions)
+            if named is None:
+                named = _remember(self._functions, functions,
+                                  encoded_attribute("code.function.name", functions, memo))
+            parts.append(named)
         return b"".join(parts)
 
 

@@ -6,8 +6,11 @@ list and nothing more. This module owns everything after that:
 * :meth:`Tracker.begin` opens the ``dask.compute`` root span, a child of the caller's
   current span, and returns the :class:`ComputeRecord` capture writes into;
 * :meth:`Tracker.end` stamps the end and wakes the worker thread, or, for a small
-  compute whose every task has reported, makes its telemetry itself, before compute()
-  returns (:data:`INLINE_MAX_TASKS`);
+  compute whose every task has reported, handles it in the thread that computed it
+  (:data:`INLINE_MAX_TASKS`): one that succeeded is set aside in plain values, and the
+  telemetry of :data:`SETTLED_COMPUTES` of them is made together, by the thread that sets
+  aside the last, or by the worker thread at its next drain or flush; any other is made
+  at once;
 * the worker thread drains every record's events in bulk, feeds the span budget
   (:mod:`otel_graph.policy`) and the task metrics, and, once every submitted task of an
   ended compute has reported, emits its aggregates and ends its root span with
@@ -36,7 +39,7 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Status, StatusCode, TraceFlags
+from opentelemetry.trace import NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags
 
 from otel_graph.compute_span import ComputeSpan, start_compute_span
 from otel_graph.events import TaskEvent, describe_exception, task_prefix
@@ -44,11 +47,15 @@ from otel_graph.forks import forked_child_drops, stands_down
 from otel_graph.metrics import Run, TaskMetrics
 from otel_graph.policy import Aggregate, SpanPlan
 from otel_graph.spans import (
+    UNSET_STATUS,
     ApiEmitter,
+    TaskFacts,
     aggregate_attributes,
+    attributes_of,
     exception_event_attributes,
     recovered_attributes,
     task_attributes,
+    task_facts,
 )
 from otel_graph.task_context import TaskParent
 from otel_graph.task_encoding import TaskAttributeEncoder
@@ -56,6 +63,7 @@ from otel_graph.task_encoding import TaskAttributeEncoder
 logger = logging.getLogger("otel_graph")
 _get_ident = threading.get_ident
 _SAMPLED = TraceFlags.SAMPLED
+_ERROR = TaskEvent._fields.index("error")
 
 #: How long an ended compute waits for tasks still running when it failed; those
 #: tasks' results are discarded by Dask, and past this we stop waiting for their records.
@@ -68,12 +76,19 @@ HELD_SAMPLE = 1024
 #: once waited, each holding its graph and Dask state (14 kB), while the loop ran on.
 MAX_BACKLOG = 256
 #: A local compute of at most this many tasks, all accounted for when it returns, is
-#: turned into telemetry by the thread that computed it, before compute() returns
-#: (:meth:`Tracker.end`), where spans go to otel_graph's own processors, which only queue.
+#: handled by the thread that computed it, before compute() returns (:meth:`Tracker.end`:
+#: set aside, or turned into telemetry), where spans go to otel_graph's own processors,
+#: which only queue.
 #: Handing it to the tracker's thread cost more than the work: a wake-up, the GIL passed
 #: back and forth, and the compute's objects kept alive until then, long enough for the
 #: garbage collector to promote them (25-task array computes: +751 µs each, +173 inline).
 INLINE_MAX_TASKS = 128
+#: Small computes that succeeded, set aside (:meth:`Tracker._settle`), whose telemetry is then
+#: made together: by the thread that sets aside the last of them, or at the tracker's next
+#: drain or flush. Made one by one, each compute's spans were made in code and data that Dask
+#: had just evicted from the CPU's caches: a one-task compute's cost twice what they cost made
+#: in a run (a loop of one-task computes: 25 against 12 µs each).
+SETTLED_COMPUTES = 64
 #: A compute running this long at a drain gets its first progress span: computes shorter
 #: than it, nearly all of them, cost nothing more.
 FIRST_PROGRESS_NS = 10**9
@@ -206,10 +221,16 @@ class Tracker:
             self._tracer_enabled = tracer_enabled(tracer)
         #: The computes being drained inline: a flush waits for those begun before it.
         self._inline: set[ComputeRecord] = set()
+        #: Small computes set aside (_settle), in plain values, after the encoding (processors)
+        #: their spans go to; and the spans they are to make: forgotten as computes, they are
+        #: counted here until made (unprocessed()).
+        self._settled: list[Any] = []
+        self._settled_spans = 0
         # A successful task's span is encoded straight from its record where the emitter can
         # (otel_graph.task_encoding), into a batch queued at once: no attribute dict, no span
         # context, one lock round trip per batch.
         self._encoded_batch = getattr(emitter, "encoded_batch", None)
+        self._encoding = getattr(emitter, "encoding", None)
         self._task_encoder = TaskAttributeEncoder()
         self._metrics = metrics
         self._budget = max_task_spans
@@ -270,6 +291,7 @@ class Tracker:
         self._records = {}
         self._backlog = 0
         self._inline = set()
+        self._settled, self._settled_spans = [], 0
 
     # -- called from capture, on the user's threads ------------------------------------
     def begin(self, scheduler: str) -> ComputeRecord | None:
@@ -302,7 +324,8 @@ class Tracker:
         record.end_ns = time.time_ns()
         # all_reported(), inline: a call fewer per compute
         if record.inline and record.submitted <= INLINE_MAX_TASKS \
-                and record.seen + len(record.sink) + record.lost >= record.submitted and self._drain_here(record):
+                and record.seen + len(record.sink) + record.lost >= record.submitted \
+                and (self._settle(record) or self._drain_here(record)):
             return
         with self._wake:
             self._requested += 1
@@ -333,6 +356,113 @@ class Tracker:
                 if self._waiting_inline:
                     self._wake.notify_all()
         return record not in self._records
+
+    def _settle(self, record: ComputeRecord) -> bool:
+        """Set a small compute that succeeded aside, for its telemetry to be made with others'
+        (:data:`SETTLED_COMPUTES`, :meth:`_make_settled`): what the graph and Dask's state say of
+        its tasks is read now, into plain values, and the compute is forgotten. False, having
+        done nothing, for any other: it is drained here (:meth:`_drain_here`)."""
+        span = record.span
+        if record.error is not None or record.seen or record.lost or record.task_span_ids or record.outer \
+                or record.plan is not None or not record.sampled or self._encoding is None \
+                or type(span) is not ComputeSpan:
+            return False
+        sink, graph, state = record.sink, record.graph, record.state
+        # Its spans go to the processors there now, even if made after an application adds one.
+        encoding = self._encoding()
+        if encoding is None:
+            return False
+        try:
+            # A failed task's span carries its exception: such a compute is drained here.
+            tasks = tuple([(raw, task_facts(raw[0], graph, state, keep=True)) for raw in sink if raw[_ERROR] is None])
+        except Exception:  # a malformed record: the drain counts it (processing_errors)
+            return False
+        earlier = None
+        with self._lock:
+            if len(tasks) != len(sink) or self._stopping or record.claimed or record not in self._records:
+                return False
+            root = span.settle(record.end_ns)
+            if root is None:
+                return False
+            del self._records[record]
+            settled = self._settled
+            if settled and encoding != settled[0]:  # processors changed: the others go to the earlier ones
+                earlier, settled = settled, [encoding]
+            elif not settled:
+                settled.append(encoding)
+            settled.append((root, record.scheduler, tasks))
+            self._settled = settled
+            self._settled_spans += len(tasks) + 1
+            full = len(settled) > SETTLED_COMPUTES
+        record.graph = record.state = None
+        if earlier is not None:
+            self._make_settled(earlier)
+        if full:
+            self._make_settled()
+        return True
+
+    def _make_settled(self, settled: list[Any] | None = None) -> None:
+        """The spans and metrics of computes set aside (:meth:`_settle`): ``settled``, or all so
+        far, made and queued together; each that fails is counted and skipped. From any thread:
+        never raises."""
+        try:
+            self._make_settled_now(settled)
+        except Exception:
+            self.processing_errors += 1
+            logger.debug("otel_graph: failed to process computes set aside", exc_info=True)
+
+    def _make_settled_now(self, settled: list[Any] | None) -> None:
+        with self._building:
+            if self._halt:
+                return  # counted as unbuilt
+            if settled is None:
+                with self._lock:
+                    settled, self._settled = self._settled, []
+            if not settled:
+                return
+            made = 0
+            batch = None
+            runs: list[Run] = []
+            computes: list[tuple[str, bool, float]] = []
+            encode, label = self._task_encoder.encode, self._metrics.label
+            try:
+                batch = self._emitter.encoded_batch(settled[0])
+                for root, scheduler, tasks in settled[1:]:
+                    if self._halt:
+                        break  # stop(drain=False): the rest stay counted as unbuilt
+                    made += len(tasks) + 1
+                    try:
+                        self._settled_spans_of(batch, root, scheduler, tasks, runs, label, encode)
+                    except Exception:
+                        self.processing_errors += 1
+                        logger.debug("otel_graph: failed to process a compute", exc_info=True)
+                    computes.append((scheduler, False, (root[4] - root[3]) / 1e9))
+                self._metrics.record_computes(computes, runs)
+            finally:
+                with self._lock:
+                    self._settled_spans -= made
+                if batch:
+                    self._queue_batch(batch)
+
+    def _settled_spans_of(self, batch: Any, root: tuple[Any, ...], scheduler: str,
+                          tasks: tuple[tuple[tuple[Any, ...], TaskFacts], ...], runs: list[Run],
+                          label: Any, encode: Any) -> None:
+        """One set-aside compute's spans, into ``batch``, and its tasks' runs, onto ``runs``."""
+        name, (trace_id, span_id, remote, flags, state), parent, start_ns, end_ns, attributes = root
+        context = SpanContext(trace_id, span_id, remote, TraceFlags(flags), state)
+        attributes["dask.graph.tasks"] = len(tasks)
+        done, left = batch.add_tasks(context, tasks, label, scheduler, encode)
+        runs += done
+        if left:  # attributes that could not be encoded: made the generic way, which says what it left out
+            facts = dict(tasks)
+            parent_span = NonRecordingSpan(context)
+            for ev, prefix in left:
+                try:
+                    self._emitter.emit(parent=parent_span, name=self._metrics.span_name(prefix), start_ns=ev.start_ns,
+                                       end_ns=ev.end_ns, attributes=attributes_of(ev, prefix, facts[tuple(ev)]))
+                except Exception as exc:
+                    self._span_failed(exc)
+        batch.add(name, context, parent, start_ns, end_ns, attributes, (), UNSET_STATUS)
 
     def _claim(self, record: ComputeRecord) -> bool:
         """Under the lock: take ``record`` to drain, unless another thread is draining it or
@@ -403,7 +533,7 @@ class Tracker:
                     self._wake.wait(0.5 if remaining is None else min(remaining, 0.5))
             finally:
                 self._waiting_inline -= 1
-            return not any(r.end_ns is not None for r in self._records)
+            return not self._settled and not any(r.end_ns is not None for r in self._records)
 
     def stop(self, timeout_s: float | None, *, drain: bool = True) -> int:
         """Drain (unless told not to), stop the thread, close computes still open.
@@ -445,6 +575,7 @@ class Tracker:
             if not self._thread.is_alive():
                 self._release()
             return left
+        self._make_settled()  # set aside after the flush had made those before
         # A compute still running in another thread (uninstrument mid-compute): close it
         # with what it has, marked incomplete, rather than leave it open and referenced.
         for record in list(self._records):
@@ -464,6 +595,7 @@ class Tracker:
         for record in list(self._records):
             record.sink = []
             self._forget(record)
+        self._settled = []
 
     def unprocessed(self) -> int:
         """Task records not yet turned into spans, plus the root spans of computes still open.
@@ -473,7 +605,7 @@ class Tracker:
         spans to make.
         """
         with self._lock:
-            return sum(len(r.sink) + r.seen - r.in_spans + 1 for r in self._records if r.sampled)
+            return self._settled_spans + sum(len(r.sink) + r.seen - r.in_spans + 1 for r in self._records if r.sampled)
 
     def _close_incomplete(self, record: ComputeRecord) -> None:
         if record.end_ns is None:
@@ -493,6 +625,7 @@ class Tracker:
                     return
                 target = self._requested
                 records = list(self._records)
+            self._make_settled()
             for record in records:
                 with self._lock:
                     if not self._claim(record):  # drained inline by the thread that computed it
@@ -575,7 +708,7 @@ class Tracker:
             if self._halt:
                 return
             taken = self._take(record)
-            batch = self._new_batch(record)
+            batch = self._new_batch(record.sampled)
             runs = None
             try:
                 runs = self._whole_tasks(record, taken, batch) if taken else None
@@ -620,18 +753,19 @@ class Tracker:
         if batch is None:
             self._consume(record, None, list(map(TaskEvent._make, taken)))
             return None
-        runs, left = batch.add_tasks(record.span_context, taken, self._metrics.label, record.scheduler, self._task_encoder,
-                                     record.graph, record.state)
+        graph, state = record.graph, record.state
+        runs, left = batch.add_tasks(record.span_context, [(raw, task_facts(raw[0], graph, state)) for raw in taken],
+                                     self._metrics.label, record.scheduler, self._task_encoder.encode)
         record.in_spans += len(taken) - len(left)
         for ev, prefix in left:
             self._task_span(record, ev, prefix)
         return runs
 
-    def _new_batch(self, record: ComputeRecord) -> Any:
+    def _new_batch(self, sampled: bool) -> Any:
         """Somewhere to keep the spans about to be made of ``record`` encoded, to queue them
         together (one lock round trip per compute, or per slice of a large one's task records,
         not per span). None where spans are not encoded as they end, or the compute is unsampled."""
-        if self._encoded_batch is not None and record.sampled:
+        if self._encoded_batch is not None and sampled:
             try:
                 return self._encoded_batch()
             except Exception:  # then each span is handed over on its own
@@ -640,7 +774,7 @@ class Tracker:
 
     def _open_batch(self, record: ComputeRecord) -> Any:
         """:meth:`_new_batch`, kept as ``record.batch``, where its span plan's emit finds it."""
-        batch = record.batch = self._new_batch(record)
+        batch = record.batch = self._new_batch(record.sampled)
         return batch
 
     def _close_batch(self, record: ComputeRecord) -> None:

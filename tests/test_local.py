@@ -8,6 +8,7 @@ import threading
 import dask
 import pytest
 from conftest import needs_distributed
+from test_exporters_env import receiver  # noqa: F401
 from graphs import DSK, add, boom, inc, timed_sleep
 from opentelemetry import trace
 from opentelemetry.trace import StatusCode
@@ -551,37 +552,48 @@ def test_a_failed_computes_traceback_shows_no_frame_of_otel_graph(scheduler, sho
 
 SMALL_COMPUTES = r"""
 import dask, otel_graph
-handle = otel_graph.instrument_scheduler(resources=False)
+from otel_graph.tracker import SETTLED_COMPUTES
+handle = otel_graph.instrument_scheduler(resources=False, drain_interval_s=3600)  # the tracker's thread stays out
 def inc(x): return x + 1
-for scheduler in ("sync", "threads", "processes"):
-    before = handle.stats()
+def made():
+    stats = handle.stats()
+    return stats["spans_queued"] + stats["spans_exported"]
+for scheduler in ("sync", "threads"):
+    before = made()
+    for _ in range(SETTLED_COMPUTES - 1):
+        dask.compute(*[dask.delayed(inc)(i) for i in range(3)], scheduler=scheduler)
+    print("ASIDE", scheduler, made() - before, flush=True)
     dask.compute(*[dask.delayed(inc)(i) for i in range(3)], scheduler=scheduler)
-    after = handle.stats()  # at once: no time for another thread to have built anything
-    print("BUILT", scheduler, after["spans_queued"] + after["spans_exported"]
-          - before["spans_queued"] - before["spans_exported"], flush=True)
+    print("BUILT", scheduler, made() - before, flush=True)  # at once: by the thread that computed
 big = {("inc", i): (inc, i) for i in range(1000)}
 dask.get(big, list(big), scheduler="sync")
 print("FLUSHED", handle.flush(timeout_s=30), handle.stats()["spans_exported"], flush=True)
 """
 
 
-def test_a_small_computes_spans_are_made_before_it_returns(tmp_path):
-    """Where otel_graph built the SDK (its processors only queue), a compute of a few tasks
-    is turned into spans by the thread that computed it, before compute() returns: no hand
-    over to the tracker's thread, whose wake-up and GIL hand-offs cost more than the work.
-    A large compute is still the tracker thread's (and flush() still waits for it)."""
+def test_small_computes_spans_are_made_together_by_the_thread_that_computed(receiver):  # noqa: F811
+    """Where otel_graph built the SDK (its processors only queue), computes of a few tasks are
+    set aside, and their spans made together by the thread that computed the last of
+    SETTLED_COMPUTES, before that compute() returns: no hand over to the tracker's thread,
+    whose wake-up and GIL hand-offs cost more than the work. A large compute is still the
+    tracker thread's (and flush() still waits for it)."""
     import subprocess
 
-    from conftest import subprocess_env
+    from test_exporters_env import otlp_env
 
-    env = subprocess_env(OTEL_TRACES_EXPORTER="otlp_file", OTEL_METRICS_EXPORTER="none",
-                         OTEL_GRAPH_FILE_DIR=str(tmp_path))
+    env = otlp_env(receiver.grpc_endpoint, "grpc", OTEL_METRICS_EXPORTER="none")  # spans encoded as they end
     run = subprocess.run([sys.executable, "-c", SMALL_COMPUTES], env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-3000:]
-    built = {line.split()[1]: int(line.split()[2]) for line in run.stdout.splitlines() if line.startswith("BUILT")}
-    assert built == {"sync": 4, "threads": 4, "processes": 4}, run.stdout  # three task spans and the root
+    from otel_graph.tracker import SETTLED_COMPUTES
+
+    counts = {(line.split()[0], line.split()[1]): int(line.split()[2]) for line in run.stdout.splitlines()
+              if line.startswith(("ASIDE", "BUILT"))}
+    every = 4 * SETTLED_COMPUTES  # three task spans and the root a compute
+    assert counts == {("ASIDE", "sync"): 0, ("BUILT", "sync"): every,
+                      ("ASIDE", "threads"): 0, ("BUILT", "threads"): every}, run.stdout
     (flushed,) = [line.split()[1:] for line in run.stdout.splitlines() if line.startswith("FLUSHED")]
-    assert flushed[0] == "True" and int(flushed[1]) > 12 + 1, flushed  # and the big one's, by the tracker
+    assert flushed[0] == "True" and int(flushed[1]) > 2 * every + 1, flushed  # and the big one's, by the tracker
+    assert len(receiver.spans()) == int(flushed[1])
 
 
 def test_a_process_pool_worker_imports_no_opentelemetry(telemetry):

@@ -24,7 +24,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, Trace
 from graphs import add, inc
 from otel_graph.events import ErrorInfo, TaskEvent, task_prefix
 from otel_graph.otlp_fast import encode_spans_fast
-from otel_graph.spans import UNSET_STATUS, DirectEmitter, EncodedBatch, task_attributes
+from otel_graph.spans import UNSET_STATUS, DirectEmitter, EncodedBatch, task_attributes, task_facts
 from otel_graph.task_encoding import TaskAttributeEncoder
 
 RESOURCE = Resource({"service.name": "encoding-test"})
@@ -105,8 +105,8 @@ def test_task_spans_encoded_from_records_equal_stock(trace_state: TraceState | N
     batch = emitter.encoded_batch()
     assert batch is not None
     if together:  # a small compute's task records, in one loop
-        runs, left = batch.add_tasks(parent.get_span_context(), [tuple(ev) for ev in events], str, "sync", encoder,
-                                     graph if with_state else None, state)
+        tasks = [(tuple(ev), task_facts(ev.key, graph if with_state else None, state)) for ev in events]
+        runs, left = batch.add_tasks(parent.get_span_context(), tasks, str, "sync", encoder.encode)
         assert left == []
         assert runs == [(task_prefix(ev.key), "sync", False, ev.end_ns - ev.start_ns, ev.nbytes) for ev in events]
     else:  # one at a time, as a span plan hands them out
@@ -145,8 +145,8 @@ def test_tasks_a_batch_cannot_encode_are_left_to_the_generic_path() -> None:
     batch = emitter.encoded_batch()
     assert batch is not None
     labels = {"bad": "bad", "good": None, "failed": "failed"}  # good past the prefix limit: "(other prefixes)"
-    runs, left = batch.add_tasks(parent.get_span_context(), [bad, good, failed], labels.get, "sync", refuse_bad,
-                                 None, None)
+    runs, left = batch.add_tasks(parent.get_span_context(), [(ev, ((), None, None)) for ev in (bad, good, failed)],
+                                 labels.get, "sync", refuse_bad)
     assert [run[:3] for run in runs] == [("bad", "sync", False), (None, "sync", False), ("failed", "sync", True)]
     assert left == [(bad, "bad"), (failed, "failed")]
     assert not batch.add_task(parent, bad, "bad", "bad", refuse_bad, None, None)
@@ -180,7 +180,8 @@ def test_spans_queued_together_that_a_processor_refuses_are_each_counted(caplog:
             assert record is not None and record.inline
             record.submitted = 3
             record.sink.extend((f"inc-{i}", 1, 2, 1, 1, 28, "int", None) for i in range(3))
-            tracker.end(record, None)  # drained here, being small: its four spans queued together
+            tracker.end(record, None)  # set aside, being small: its four spans are queued together
+            assert tracker.flush(5)
         assert tracker.span_errors == 4
         assert not refusing.spans  # the root span went with them
         assert sum("making a span raised" in r.getMessage() for r in caplog.records) == 1
@@ -188,10 +189,10 @@ def test_spans_queued_together_that_a_processor_refuses_are_each_counted(caplog:
         tracker.stop(5)
 
 
-def test_a_halt_while_a_small_computes_spans_are_made_queues_what_was_built() -> None:
-    """stop(drain=False) landing while a small compute's task spans are made (in one pass): those
-    are queued (counted as made, they must go out), and the root, made after, stays counted
-    as unbuilt."""
+def test_a_halt_while_small_computes_spans_are_made_queues_what_was_built() -> None:
+    """stop(drain=False) landing while the spans of small computes set aside are made: the
+    compute being made is made whole and queued (counted as made, its spans must go out), and
+    the next stays counted as unbuilt."""
     from opentelemetry.metrics import NoOpMeter
 
     from otel_graph.metrics import TaskMetrics
@@ -205,8 +206,8 @@ def test_a_halt_while_a_small_computes_spans_are_made_queues_what_was_built() ->
             return super().add_tasks(*args)
 
     class Halting(DirectEmitter):
-        def encoded_batch(self) -> EncodedBatch | None:
-            made = super().encoded_batch()
+        def encoded_batch(self, encoding: Any = None) -> EncodedBatch | None:
+            made = super().encoded_batch(encoding)
             if made is None:
                 return None
             halting = HaltingBatch()
@@ -219,13 +220,16 @@ def test_a_halt_while_a_small_computes_spans_are_made_queues_what_was_built() ->
     tracker = Tracker(tracer=provider.get_tracer("test"), emitter=Halting(provider, SCOPE),
                       metrics=TaskMetrics(NoOpMeter("test")), max_task_spans=1000, drain_interval_s=60)
     try:
-        record = tracker.begin("sync")
-        assert record is not None and record.inline
-        record.submitted = 5
-        record.sink.extend((f"k-{i}", 1, 2, 1, 1, 8, "int", None) for i in range(5))
-        tracker.end(record, None)
-        assert len(encoded.spans) == 5  # made in one go as the halt landed, and queued
-        assert tracker.unprocessed() == 1  # the root, never made
+        for _ in range(2):
+            record = tracker.begin("sync")
+            assert record is not None and record.inline
+            record.submitted = 5
+            record.sink.extend((f"k-{i}", 1, 2, 1, 1, 8, "int", None) for i in range(5))
+            tracker.end(record, None)
+        assert tracker.unprocessed() == 12 and not encoded.spans  # set aside, both
+        tracker.flush(5)
+        assert len(encoded.spans) == 6  # the first, made as the halt landed, and queued
+        assert tracker.unprocessed() == 6  # the second, never made
     finally:
         tracker.stop(1, drain=False)
 
@@ -376,3 +380,46 @@ def test_the_memo_of_spans_encoded_as_they_end_stays_bounded(batched: bool) -> N
     assert len(encoded.spans) == 3 * _MEMO_PAIRS
     (last,) = encode_spans_fast(encoded.spans[-1:]).resource_spans[0].scope_spans[0].spans
     assert {kv.key: kv.value.string_value for kv in last.attributes} == {"dask.task.key": f"k-{3 * _MEMO_PAIRS - 1}"}
+
+
+def test_small_computes_set_aside_are_made_by_a_flush_and_at_stop() -> None:
+    """Fewer than SETTLED_COMPUTES small computes set aside are made by the next flush, with
+    their metrics; stop() makes what was set aside since, and leaves nothing unbuilt."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from otel_graph.metrics import TaskMetrics
+    from otel_graph.tracker import SETTLED_COMPUTES, Tracker
+
+    provider = TracerProvider(resource=RESOURCE)
+    encoded = Encoded()
+    provider.add_span_processor(encoded)
+    reader = InMemoryMetricReader()
+    tracker = Tracker(tracer=provider.get_tracer("test"), emitter=DirectEmitter(provider, SCOPE),
+                      metrics=TaskMetrics(MeterProvider(metric_readers=[reader]).get_meter("test")),
+                      max_task_spans=1000, drain_interval_s=3600)
+
+    def compute(tasks: int) -> None:
+        record = tracker.begin("sync")
+        assert record is not None and record.inline
+        record.submitted = tasks
+        record.sink.extend((f"k-{i}", 1, 2, 1, 1, 8, "int", None) for i in range(tasks))
+        tracker.end(record, None)
+
+    try:
+        for _ in range(SETTLED_COMPUTES - 1):
+            compute(2)
+        assert not encoded.spans and tracker.unprocessed() == 3 * (SETTLED_COMPUTES - 1)
+        assert tracker.flush(5)
+        assert len(encoded.spans) == 3 * (SETTLED_COMPUTES - 1) and tracker.unprocessed() == 0
+        compute(1)
+    finally:
+        left = tracker.stop(5)
+    assert left == 0 and len(encoded.spans) == 3 * (SETTLED_COMPUTES - 1) + 2
+    roots = [s for s in encode_spans_fast(encoded.spans).resource_spans[0].scope_spans[0].spans
+             if s.name == "dask.compute"]
+    assert sorted({kv.key: kv.value.int_value for kv in s.attributes}["dask.graph.tasks"] for s in roots) == \
+        [1] + [2] * (SETTLED_COMPUTES - 1)
+    (durations,) = [m for r in reader.get_metrics_data().resource_metrics for sm in r.scope_metrics
+                    for m in sm.metrics if m.name == "dask.compute.duration"]
+    assert sum(p.count for p in durations.data.data_points) == SETTLED_COMPUTES
