@@ -16,7 +16,10 @@ registered, alternating, in this one process:
   otel_graph instrumenting every test's schedulers (``tests/peer/otel_graph_peer.py``),
   exporting over OTLP/gRPC to the same receiver. Bar: <= 1.10x.
 
-Each tiny figure is the median of ``--repeat`` rounds, the suite's of ``--suite-repeat`` runs. Usage::
+Each tiny figure is the median of ``--repeat`` rounds, the suite's of ``--suite-repeat`` runs.
+Each round starts from a collected heap (``gc.collect()``, untimed): a full collection costs
+30-40 ms here, 5% of a round, and one owed to the rounds before would land in whichever round
+came next. Collections a round's own allocations cause are timed with it. Usage::
 
     python benchmarks/bench_tiny.py [--repeat 5] [--dask-suite [--suite-repeat 2]] [--json rows.json]
 """
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import gc
 import json
 import os
 import statistics
@@ -52,6 +56,7 @@ def inc(x: int) -> int:
 
 
 def timed(work: Callable[[], object]) -> float:
+    gc.collect()
     start = time.perf_counter()
     work()
     return time.perf_counter() - start
@@ -64,6 +69,7 @@ def measure(name: str, work: Callable[[], object], *, computes: int, repeat: int
 
     def traced() -> float:
         handle = otel_graph.instrument_scheduler()
+        gc.collect()
         start = time.perf_counter()
         work()
         if not handle.flush(timeout_s=120):
