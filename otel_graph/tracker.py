@@ -339,16 +339,13 @@ class Tracker:
         """Drain an ended compute in this thread (see :data:`INLINE_MAX_TASKS`); False if
         it is left to the tracker's thread: being drained there, or not finished here."""
         with self._lock:
-            if self._stopping or record.claimed or record not in self._records:  # _claim(), inline
+            if self._stopping or not self._claim(record):
                 return False
-            record.claimed = True
             self._inline.add(record)
         try:
-            # never raises into the user's compute; whole(), inline: a call fewer per compute
-            self._drain_guarded(record, whole=record.plan is None and not record.task_span_ids
-                                and len(record.sink) <= self._whole_budget)
+            self._drain_guarded(record, whole=self._whole(record))  # never raises into the user's compute
         finally:
-            with self._lock:  # the condition's lock, taken without the condition's Python-level __enter__
+            with self._wake:
                 record.claimed = False
                 self._inline.discard(record)
                 # Only a flush or stop waits for it: waking the tracker's thread each time would
@@ -363,9 +360,9 @@ class Tracker:
         its tasks is read now, into plain values, and the compute is forgotten. False, having
         done nothing, for any other: it is drained here (:meth:`_drain_here`)."""
         span = record.span
-        if record.error is not None or record.seen or record.lost or record.task_span_ids or record.outer \
-                or record.plan is not None or not record.sampled or self._encoding is None \
-                or type(span) is not ComputeSpan:
+        # A span each, so within the half of the span budget given to tasks as they come (_whole).
+        if record.error is not None or record.seen or record.lost or record.outer or not record.sampled \
+                or self._encoding is None or type(span) is not ComputeSpan or not self._whole(record):
             return False
         sink, graph, state = record.sink, record.graph, record.state
         # Its spans go to the processors there now, even if made after an application adds one.

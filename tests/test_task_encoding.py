@@ -423,3 +423,31 @@ def test_small_computes_set_aside_are_made_by_a_flush_and_at_stop() -> None:
     (durations,) = [m for r in reader.get_metrics_data().resource_metrics for sm in r.scope_metrics
                     for m in sm.metrics if m.name == "dask.compute.duration"]
     assert sum(p.count for p in durations.data.data_points) == SETTLED_COMPUTES
+
+
+def test_a_small_compute_past_half_the_span_budget_is_not_set_aside_a_span_a_task() -> None:
+    """A compute set aside gets a span per task: one with more tasks than half the span budget
+    goes through the span plan instead (its spans within the budget, the rest aggregated)."""
+    from opentelemetry.metrics import NoOpMeter
+
+    from otel_graph.metrics import TaskMetrics
+    from otel_graph.tracker import Tracker
+
+    provider = TracerProvider(resource=RESOURCE)
+    encoded = Encoded()
+    provider.add_span_processor(encoded)
+    tracker = Tracker(tracer=provider.get_tracer("test"), emitter=DirectEmitter(provider, SCOPE),
+                      metrics=TaskMetrics(NoOpMeter("test")), max_task_spans=4, drain_interval_s=3600)
+    try:
+        record = tracker.begin("sync")
+        assert record is not None and record.inline
+        record.submitted = 10
+        record.sink.extend((f"k-{i}", 1, 2 + i, 1, 1, 8, "int", None) for i in range(10))
+        tracker.end(record, None)
+        assert tracker.flush(5)
+    finally:
+        tracker.stop(5)
+    spans = encode_spans_fast(encoded.spans).resource_spans[0].scope_spans[0].spans
+    counts = [next((kv.value.int_value for kv in s.attributes if kv.key == "dask.task.count"), 1)
+              for s in spans if s.name != "dask.compute"]
+    assert len(counts) == 4 + 1 and sum(counts) == 10  # four task spans, and an aggregate of the other six
