@@ -428,16 +428,8 @@ def test_small_computes_set_aside_are_made_by_a_flush_and_at_stop() -> None:
 def test_a_small_compute_past_half_the_span_budget_is_not_set_aside_a_span_a_task() -> None:
     """A compute set aside gets a span per task: one with more tasks than half the span budget
     goes through the span plan instead (its spans within the budget, the rest aggregated)."""
-    from opentelemetry.metrics import NoOpMeter
-
-    from otel_graph.metrics import TaskMetrics
-    from otel_graph.tracker import Tracker
-
-    provider = TracerProvider(resource=RESOURCE)
     encoded = Encoded()
-    provider.add_span_processor(encoded)
-    tracker = Tracker(tracer=provider.get_tracer("test"), emitter=DirectEmitter(provider, SCOPE),
-                      metrics=TaskMetrics(NoOpMeter("test")), max_task_spans=4, drain_interval_s=3600)
+    tracker = _tracker(encoded, max_task_spans=4, drain_interval_s=3600)
     try:
         record = tracker.begin("sync")
         assert record is not None and record.inline
