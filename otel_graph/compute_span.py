@@ -51,11 +51,8 @@ from opentelemetry.trace.span import DEFAULT_TRACE_STATE as _NO_STATE
 
 from otel_graph.events import describe_exception
 from otel_graph.spans import UNSET_STATUS, exception_event_attributes
+from otel_graph.task_context import SPAN_KEY, current_context
 
-try:  # the context key of the current span (get_current_span's)
-    from opentelemetry.trace.propagation import _SPAN_KEY
-except ImportError:  # another API release: then get_current_span is called
-    _SPAN_KEY = None
 _getrandbits = random_module.getrandbits
 
 #: W3C's random-trace-id flag (SDK 1.45.2 and later set it, as this does where it exists).
@@ -72,9 +69,9 @@ def start_compute_span(emitter: Any, name: str, *, start_ns: int, attributes: di
 
     ``attributes`` are the span's, taken as they are: pass a dict of its own."""
     if context is None:
-        context = otel_context.get_current()
+        context = current_context()
     # trace.get_current_span(context), read without its two calls where its key is known
-    current = context.get(_SPAN_KEY) if _SPAN_KEY is not None else trace.get_current_span(context)
+    current = context.get(SPAN_KEY) if SPAN_KEY is not None else trace.get_current_span(context)
     parent = None
     if current is not None and current is not trace.INVALID_SPAN and isinstance(current, trace.Span):
         parent = current.get_span_context()  # no span: the usual case
@@ -159,7 +156,7 @@ class ComputeSpan(trace.Span):
                  **(attributes or {})}
         self.add_event("exception", event, timestamp)
 
-    def settle(self, end_time: int) -> tuple[Any, ...] | None:
+    def end_aside(self, end_time: int) -> tuple[Any, ...] | None:
         """End the span, to be encoded later (:meth:`EncodedBatch.add`): ``(name, context, parent,
         start, end, attributes)``, the context a plain tuple of the SpanContext's first five fields
         (an empty trace state as None), which, unlike a SpanContext, the garbage collector stops

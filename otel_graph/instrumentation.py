@@ -226,6 +226,10 @@ class Instrumentation:
                                 drain_interval_s=settings.drain_interval_s,
                                 progress_interval_s=settings.progress_interval_s)
         self._capture = LocalCapture(self._tracker)
+        # The provider's force_flush (OpenTelemetry's own way) makes the computes set aside too.
+        self._flushed = [] if self._owned is None else list(self._owned.span_processors)
+        for processor in self._flushed:
+            processor.before_flush = self._tracker.make_aside
         self._cluster: Any = None
         try:
             self._cluster = _cluster_capture(self._tracker, settings, client=client)
@@ -274,6 +278,9 @@ class Instrumentation:
             close_in_process()
         # Building spans is our own CPU work and always progresses: bounded generously.
         self._tracker.stop(_UNINSTRUMENT_DRAIN_S)
+        for processor in self._flushed:
+            if processor.before_flush == self._tracker.make_aside:
+                processor.before_flush = None
         owned = self._owned
         if owned is not None and (owned.span_processor is None or owned.span_processor.healthy):
             owned.flush(self.settings.exit_timeout_s)

@@ -36,8 +36,7 @@ from functools import partial, wraps
 from multiprocessing.pool import ThreadPool
 from typing import TYPE_CHECKING, Any, Protocol
 
-from opentelemetry import context
-
+from otel_graph.task_context import attach_context, detach_context
 from otel_graph.task_runner import execute, run_remote
 
 if TYPE_CHECKING:
@@ -65,7 +64,7 @@ def _run_local(record: ComputeRecord, batch: list) -> list:
     token = None
     parent, current = record.parent_for(thread)
     if thread != record.caller:  # a pool thread: its parent in context for this batch only
-        token = context.attach(current)
+        token = attach_context(current)
     try:
         for args in batch:
             out.append(execute(*args, emit, parent))
@@ -76,7 +75,7 @@ def _run_local(record: ComputeRecord, batch: list) -> list:
         raise
     finally:
         if token is not None:
-            context.detach(token)
+            detach_context(token)
     return out
 
 
@@ -189,7 +188,7 @@ class LocalCapture:
                 record = None
             if record is None:
                 return original(submit, num_workers, dsk, result, *args, **kwargs)
-            token = context.attach(record.context)
+            token = attach_context(record.context)
             previous, starting.record = getattr(starting, "record", None), record
             try:
                 value = original(wrap_submit(submit, record, in_process), num_workers, dsk, result,
@@ -206,7 +205,7 @@ class LocalCapture:
                 return value
             finally:
                 starting.record = previous
-                context.detach(token)
+                detach_context(token)
 
         return get_async
 

@@ -129,9 +129,10 @@ _IS_REMOTE = _HAS_IS_REMOTE | SpanFlags.SPAN_FLAGS_CONTEXT_IS_REMOTE_MASK
 _SPAN_FLAGS = {False: _FLAGS + _U32(_HAS_IS_REMOTE), True: _FLAGS + _U32(_IS_REMOTE)}  # by parent.is_remote
 _EMPTY_STATUS = _STATUS + b"\x00"  # stock always sends a status, even UNSET and empty
 # A SpanContext is a tuple (trace id, span id, is_remote, flags, trace state, is_valid), its
-# fields properties reading it: read by index where a span is encoded as it ends, a Python
-# call each fewer (nine a small compute). Checked against the properties below.
-_AT_TRACE_ID, _AT_SPAN_ID, _AT_IS_REMOTE, _AT_TRACE_STATE = 0, 1, 2, 4
+# fields properties reading it: read by index in the span encoders (a Python call each fewer,
+# nine a small compute), which are given SpanContexts (the SDK's spans', otel_graph's own) or
+# tuples of their first five fields. Checked against the properties below.
+_AT_TRACE_ID, _AT_SPAN_ID, _AT_IS_REMOTE, _AT_FLAGS, _AT_TRACE_STATE = 0, 1, 2, 3, 4
 
 
 def _check_span_context_layout() -> None:
@@ -139,8 +140,8 @@ def _check_span_context_layout() -> None:
     from opentelemetry.trace.span import TraceState
 
     probe = SpanContext(3, 5, True, TraceFlags(1), TraceState([("k", "v")]))
-    if (probe[_AT_TRACE_ID], probe[_AT_SPAN_ID], probe[_AT_IS_REMOTE], probe[_AT_TRACE_STATE]) != \
-            (probe.trace_id, probe.span_id, probe.is_remote, probe.trace_state):
+    if (probe[_AT_TRACE_ID], probe[_AT_SPAN_ID], probe[_AT_IS_REMOTE], probe[_AT_FLAGS], probe[_AT_TRACE_STATE]) != \
+            (probe.trace_id, probe.span_id, probe.is_remote, probe.trace_flags, probe.trace_state):
         raise RuntimeError("otel_graph does not support this opentelemetry-api: its SpanContext is laid out anew")
 
 

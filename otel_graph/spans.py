@@ -341,6 +341,8 @@ class DirectEmitter:
         #: The span limits the provider applies to spans it starts (OTEL_*_LIMIT), applied
         #: here too; None when nothing otel_graph makes can reach them (the defaults).
         self._limits = _biting_limits()
+        if self._limits is None:
+            self.encoding = self._encoder  # type: ignore[method-assign]
 
     def emit(self, *, parent: trace.Span, name: str, start_ns: int, end_ns: int,
              attributes: dict[str, Any], error: ErrorInfo | None = None, span_id: int = 0) -> Any:
@@ -380,7 +382,8 @@ class DirectEmitter:
     def _encoder(self) -> tuple[Any, _Encoding] | None:
         """(processors, what encodes for them) while every processor takes encoded spans, else None.
         Asked per span (a cluster's ledger may start reading delivered spans), answered from
-        the last answer while the provider's processors are the same."""
+        the last answer while the provider's processors are the same, and its memo not too
+        big (a new one then: task keys would grow it without end)."""
         multi = self._multi
         if multi is None:
             return None
@@ -402,14 +405,15 @@ class DirectEmitter:
 
     def encoding(self) -> tuple[Any, _Encoding] | None:
         """Where spans are encoded as they end: (the processors now, what encodes for them), for
-        :meth:`encoded_batch`; None where they are not, or where a span limit bites."""
+        :meth:`encoded_batch`; None where they are not, or where a span limit bites. (Where none
+        bites, the instance's own ``encoding`` is :meth:`_encoder` itself: a call fewer.)"""
         return None if self._limits is not None else self._encoder()
 
     def encoded_batch(self, encoding: tuple[Any, _Encoding] | None = None) -> EncodedBatch | None:
         """Somewhere to encode spans as they end (:meth:`EncodedBatch.add_tasks`, :meth:`EncodedBatch.add_task`,
         :meth:`EncodedBatch.add`), to queue them together (:meth:`EncodedBatch.queue`) to the processors
-        of ``encoding`` (an earlier :meth:`encoding`'s; None: now's); None where spans are not encoded
-        as they end, or where a span limit bites."""
+        of ``encoding`` (an earlier :meth:`encoding`'s, taken as it is; None: now's, and None where
+        spans are not encoded as they end, or where a span limit bites)."""
         if encoding is None:
             encoding = self.encoding()
             if encoding is None:
@@ -457,8 +461,8 @@ _MEMO_PAIRS = 4096
 
 
 class EncodedBatch(list):  # type: ignore[type-arg]
-    """Spans encoded as they ended, ``(entry, origin)``, for the processors that took encoded
-    spans when it was made: :meth:`queue` hands them over with one lock round trip each."""
+    """Spans encoded as they ended, ``(entry, origin)``, for the processors it was made for
+    (:meth:`DirectEmitter.encoded_batch`): :meth:`queue` hands them over with one lock round trip each."""
 
     __slots__ = ("emitter", "processors", "parts")
 
@@ -481,7 +485,7 @@ class EncodedBatch(list):  # type: ignore[type-arg]
     def add_tasks(self, parent: Any, tasks: Sequence[tuple[tuple[Any, ...], TaskFacts]],
                   label: Callable[[str], str | None], scheduler: str, encode: Callable[..., bytes]
                   ) -> tuple[list[Run], list[tuple[TaskEvent, str]]]:
-        """Task records (TaskEvent's fields), each with its :data:`~otel_graph.task_encoding.TaskFacts`,
+        """Task records (TaskEvent's fields), each with its :data:`TaskFacts`,
         as task spans, children of the span whose context is ``parent`` (a SpanContext, or a tuple
         of its first five fields), in one pass:
         the tasks' runs, for :meth:`otel_graph.metrics.TaskMetrics.record_runs`, and the tasks

@@ -8,7 +8,7 @@ list and nothing more. This module owns everything after that:
 * :meth:`Tracker.end` stamps the end and wakes the worker thread, or, for a small
   compute whose every task has reported, handles it in the thread that computed it
   (:data:`INLINE_MAX_TASKS`): one that succeeded is set aside in plain values, and the
-  telemetry of :data:`SETTLED_COMPUTES` of them is made together, by the thread that sets
+  telemetry of :data:`ASIDE_COMPUTES` of them is made together, by the thread that sets
   aside the last, or by the worker thread at its next drain or flush; any other is made
   at once;
 * the worker thread drains every record's events in bulk, feeds the span budget
@@ -36,7 +36,6 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags
@@ -57,7 +56,7 @@ from otel_graph.spans import (
     task_attributes,
     task_facts,
 )
-from otel_graph.task_context import TaskParent
+from otel_graph.task_context import TaskParent, current_context, with_span
 from otel_graph.task_encoding import TaskAttributeEncoder
 
 logger = logging.getLogger("otel_graph")
@@ -83,12 +82,14 @@ MAX_BACKLOG = 256
 #: back and forth, and the compute's objects kept alive until then, long enough for the
 #: garbage collector to promote them (25-task array computes: +751 µs each, +173 inline).
 INLINE_MAX_TASKS = 128
-#: Small computes that succeeded, set aside (:meth:`Tracker._settle`), whose telemetry is then
+#: Small computes that succeeded, set aside (:meth:`Tracker._set_aside`), whose telemetry is then
 #: made together: by the thread that sets aside the last of them, or at the tracker's next
 #: drain or flush. Made one by one, each compute's spans were made in code and data that Dask
 #: had just evicted from the CPU's caches: a one-task compute's cost twice what they cost made
 #: in a run (a loop of one-task computes: 25 against 12 µs each).
-SETTLED_COMPUTES = 64
+ASIDE_COMPUTES = 64
+#: ... or as soon as they are to make this many spans: a compute's return pays for making them.
+ASIDE_SPANS = 512
 #: A compute running this long at a drain gets its first progress span: computes shorter
 #: than it, nearly all of them, cost nothing more.
 FIRST_PROGRESS_NS = 10**9
@@ -126,13 +127,13 @@ class ComputeRecord:
         self.caller = _get_ident()
         #: The root's span context: the parent of the task spans.
         self.span_context = span_context = span.get_span_context()
-        self.sampled = bool(span_context.trace_flags & _SAMPLED)
+        self.sampled = bool(span_context[3] & _SAMPLED)  # trace_flags, by position: a call fewer
         # An unsampled compute emits no task spans: its tasks' children follow it, unsampled.
         self.assign_ids = assign_ids = assign_ids and self.sampled
         parent = TaskParent(span_context, self.task_span_ids, assign_ids=assign_ids)
         # The caller's own context (its baggage, say) with the task parent current; other
         # threads get this one with their own parent (parent_for).
-        self.context = trace.set_span_in_context(parent, context)
+        self.context = with_span(parent, context)
         self.parents: dict[int, tuple[TaskParent, Context]] = {self.caller: (parent, self.context)}
         self.start_ns = start_ns
         self.end_ns: int | None = None
@@ -177,8 +178,8 @@ class ComputeRecord:
         context with it current there (made once per thread)."""
         found = self.parents.get(thread)
         if found is None:
-            parent = TaskParent(self.span.get_span_context(), self.task_span_ids, assign_ids=self.assign_ids)
-            found = self.parents[thread] = (parent, trace.set_span_in_context(parent, self.context))
+            parent = TaskParent(self.span_context, self.task_span_ids, assign_ids=self.assign_ids)
+            found = self.parents[thread] = (parent, with_span(parent, self.context))
         return found
 
     def held(self) -> tuple[int, int]:
@@ -221,11 +222,11 @@ class Tracker:
             self._tracer_enabled = tracer_enabled(tracer)
         #: The computes being drained inline: a flush waits for those begun before it.
         self._inline: set[ComputeRecord] = set()
-        #: Small computes set aside (_settle), in plain values, after the encoding (processors)
+        #: Small computes set aside (_set_aside), in plain values, after the encoding (processors)
         #: their spans go to; and the spans they are to make: forgotten as computes, they are
         #: counted here until made (unprocessed()).
-        self._settled: list[Any] = []
-        self._settled_spans = 0
+        self._aside: list[Any] = []
+        self._aside_spans = 0
         # A successful task's span is encoded straight from its record where the emitter can
         # (otel_graph.task_encoding), into a batch queued at once: no attribute dict, no span
         # context, one lock round trip per batch.
@@ -291,7 +292,8 @@ class Tracker:
         self._records = {}
         self._backlog = 0
         self._inline = set()
-        self._settled, self._settled_spans = [], 0
+        self._aside, self._aside_spans = [], 0
+        self._building = threading.RLock()  # held by a thread of the parent's at the fork, maybe
 
     # -- called from capture, on the user's threads ------------------------------------
     def begin(self, scheduler: str) -> ComputeRecord | None:
@@ -302,7 +304,7 @@ class Tracker:
         light = scheduler != "distributed" and self._queues_only is not None and self._queues_only() \
             and self._tracer_enabled()
         if light:
-            context = otel_context.get_current()  # read once: the root's parent, then the tasks' context
+            context = current_context()  # read once: the root's parent, then the tasks' context
             span = start_compute_span(self._emitter, "dask.compute", start_ns=start,
                                       attributes={"dask.scheduler": scheduler}, context=context)
         else:
@@ -325,7 +327,7 @@ class Tracker:
         # all_reported(), inline: a call fewer per compute
         if record.inline and record.submitted <= INLINE_MAX_TASKS \
                 and record.seen + len(record.sink) + record.lost >= record.submitted \
-                and (self._settle(record) or self._drain_here(record)):
+                and (self._set_aside(record) or self._drain_here(record)):
             return
         with self._wake:
             self._requested += 1
@@ -354,105 +356,118 @@ class Tracker:
                     self._wake.notify_all()
         return record not in self._records
 
-    def _settle(self, record: ComputeRecord) -> bool:
+    def _set_aside(self, record: ComputeRecord) -> bool:
         """Set a small compute that succeeded aside, for its telemetry to be made with others'
-        (:data:`SETTLED_COMPUTES`, :meth:`_make_settled`): what the graph and Dask's state say of
-        its tasks is read now, into plain values, and the compute is forgotten. False, having
-        done nothing, for any other: it is drained here (:meth:`_drain_here`)."""
+        (:data:`ASIDE_COMPUTES`, :meth:`make_aside`): what the graph and Dask's state say of its
+        tasks is read now, into plain values, and the compute is forgotten. False, having done
+        nothing, for any other: it is drained here (:meth:`_drain_here`). Never raises."""
         span = record.span
-        # A span each, so within the half of the span budget given to tasks as they come (_whole).
+        # A span each, so within the half of the span budget given to tasks as they come: _whole(),
+        # inline (a call fewer a compute).
         if record.error is not None or record.seen or record.lost or record.outer or not record.sampled \
-                or self._encoding is None or type(span) is not ComputeSpan or not self._whole(record):
-            return False
-        sink, graph, state = record.sink, record.graph, record.state
-        # Its spans go to the processors there now, even if made after an application adds one.
-        encoding = self._encoding()
-        if encoding is None:
+                or self._encoding is None or type(span) is not ComputeSpan or record.plan is not None \
+                or record.task_span_ids or len(record.sink) > self._whole_budget:
             return False
         try:
+            # Its spans go to the processors there now, even if made after an application adds one.
+            encoding = self._encoding()
+            if encoding is None:
+                return False
+            sink, graph, state = record.sink, record.graph, record.state
             # A failed task's span carries its exception: such a compute is drained here.
-            tasks = tuple([(raw, task_facts(raw[0], graph, state, keep=True)) for raw in sink if raw[_ERROR] is None])
-        except Exception:  # a malformed record: the drain counts it (processing_errors)
+            facts = []
+            for raw in sink:  # a loop, not a comprehension: no call of its own
+                if raw[_ERROR] is not None:
+                    return False
+                facts.append((raw, task_facts(raw[0], graph, state, keep=True)))
+            tasks = tuple(facts)
+            for _ in range(2):
+                with self._lock:
+                    if self._stopping or record.claimed or record not in self._records:
+                        return False
+                    aside = self._aside
+                    if not aside or (aside[0][0] is encoding[0] and aside[0][1] is encoding[1]):
+                        root = span.end_aside(record.end_ns)
+                        if root is None:
+                            return False
+                        del self._records[record]
+                        if not aside:
+                            aside.append(encoding)
+                        aside.append((root, record.scheduler, tasks))
+                        self._aside_spans += len(tasks) + 1
+                        full = len(aside) > ASIDE_COMPUTES or self._aside_spans >= ASIDE_SPANS
+                        break
+                # The processors changed: those set aside go to the ones there when they ended.
+                self.make_aside()
+            else:
+                return False
+        except Exception:
+            self.processing_errors += 1
+            logger.debug("otel_graph: failed to set a compute aside", exc_info=True)
             return False
-        earlier = None
-        with self._lock:
-            if len(tasks) != len(sink) or self._stopping or record.claimed or record not in self._records:
-                return False
-            root = span.settle(record.end_ns)
-            if root is None:
-                return False
-            del self._records[record]
-            settled = self._settled
-            if settled and encoding != settled[0]:  # processors changed: the others go to the earlier ones
-                earlier, settled = settled, [encoding]
-            elif not settled:
-                settled.append(encoding)
-            settled.append((root, record.scheduler, tasks))
-            self._settled = settled
-            self._settled_spans += len(tasks) + 1
-            full = len(settled) > SETTLED_COMPUTES
         record.graph = record.state = None
-        if earlier is not None:
-            self._make_settled(earlier)
         if full:
-            self._make_settled()
+            self.make_aside()
         return True
 
-    def _make_settled(self, settled: list[Any] | None = None) -> None:
-        """The spans and metrics of computes set aside (:meth:`_settle`): ``settled``, or all so
-        far, made and queued together; each that fails is counted and skipped. From any thread:
-        never raises."""
+    def make_aside(self) -> None:
+        """The spans and metrics of the computes set aside so far (:meth:`_set_aside`), made and
+        queued together; a compute that fails is counted and its root ended marked so. From any
+        thread: never raises."""
         try:
-            self._make_settled_now(settled)
+            self._make_aside_now()
         except Exception:
             self.processing_errors += 1
             logger.debug("otel_graph: failed to process computes set aside", exc_info=True)
 
-    def _make_settled_now(self, settled: list[Any] | None) -> None:
+    def _make_aside_now(self) -> None:
         with self._building:
             if self._halt:
                 return  # counted as unbuilt
-            if settled is None:
-                with self._lock:
-                    settled, self._settled = self._settled, []
-            if not settled:
+            with self._lock:
+                aside, self._aside = self._aside, []  # still counted in _aside_spans, until made
+            if not aside:
                 return
             made = 0
-            batch = None
             runs: list[Run] = []
             computes: list[tuple[str, bool, float]] = []
             encode, label = self._task_encoder.encode, self._metrics.label
+            batch = self._emitter.encoded_batch(aside[0])
             try:
-                batch = self._emitter.encoded_batch(settled[0])
-                for root, scheduler, tasks in settled[1:]:
+                for root, scheduler, tasks in aside[1:]:
                     if self._halt:
                         break  # stop(drain=False): the rest stay counted as unbuilt
                     made += len(tasks) + 1
+                    failed = False
                     try:
-                        self._settled_spans_of(batch, root, scheduler, tasks, runs, label, encode)
+                        done = self._aside_spans_of(batch, root, scheduler, tasks, label, encode)
                     except Exception:
                         self.processing_errors += 1
                         logger.debug("otel_graph: failed to process a compute", exc_info=True)
-                    computes.append((scheduler, False, (root[4] - root[3]) / 1e9))
+                        done, failed = None, True
+                        root[5]["otel_graph.processing_error"] = True  # its root still ends, marked
+                        batch.add(*root, (), UNSET_STATUS)
+                    if done:
+                        runs += done
+                    computes.append((scheduler, failed, (root[4] - root[3]) / 1e9))
                 self._metrics.record_computes(computes, runs)
             finally:
                 with self._lock:
-                    self._settled_spans -= made
+                    self._aside_spans -= made
                 if batch:
                     self._queue_batch(batch)
 
-    def _settled_spans_of(self, batch: Any, root: tuple[Any, ...], scheduler: str,
-                          tasks: tuple[tuple[tuple[Any, ...], TaskFacts], ...], runs: list[Run],
-                          label: Any, encode: Any) -> None:
-        """One set-aside compute's spans, into ``batch``, and its tasks' runs, onto ``runs``."""
-        name, (trace_id, span_id, remote, flags, state), parent, start_ns, end_ns, attributes = root
-        context = SpanContext(trace_id, span_id, remote, TraceFlags(flags), state)
+    def _aside_spans_of(self, batch: Any, root: tuple[Any, ...], scheduler: str,
+                        tasks: tuple[tuple[tuple[Any, ...], TaskFacts], ...], label: Any, encode: Any) -> list[Run]:
+        """One set-aside compute's spans, into ``batch``; its tasks' runs."""
+        # The encoders read a span context's fields by position: the plain tuple serves as one.
+        name, context, parent, start_ns, end_ns, attributes = root
         attributes["dask.graph.tasks"] = len(tasks)
-        done, left = batch.add_tasks(context, tasks, label, scheduler, encode)
-        runs += done
+        runs, left = batch.add_tasks(context, tasks, label, scheduler, encode)
         if left:  # attributes that could not be encoded: made the generic way, which says what it left out
             facts = dict(tasks)
-            parent_span = NonRecordingSpan(context)
+            trace_id, span_id, remote, flags, state = context
+            parent_span = NonRecordingSpan(SpanContext(trace_id, span_id, remote, TraceFlags(flags), state))
             for ev, prefix in left:
                 try:
                     self._emitter.emit(parent=parent_span, name=self._metrics.span_name(prefix), start_ns=ev.start_ns,
@@ -460,6 +475,7 @@ class Tracker:
                 except Exception as exc:
                     self._span_failed(exc)
         batch.add(name, context, parent, start_ns, end_ns, attributes, (), UNSET_STATUS)
+        return runs
 
     def _claim(self, record: ComputeRecord) -> bool:
         """Under the lock: take ``record`` to drain, unless another thread is draining it or
@@ -530,7 +546,8 @@ class Tracker:
                     self._wake.wait(0.5 if remaining is None else min(remaining, 0.5))
             finally:
                 self._waiting_inline -= 1
-            return not self._settled and not any(r.end_ns is not None for r in self._records)
+            # Set aside and not yet made counts too (a halt may leave some, swapped out, unbuilt).
+            return not self._aside_spans and not any(r.end_ns is not None for r in self._records)
 
     def stop(self, timeout_s: float | None, *, drain: bool = True) -> int:
         """Drain (unless told not to), stop the thread, close computes still open.
@@ -572,7 +589,7 @@ class Tracker:
             if not self._thread.is_alive():
                 self._release()
             return left
-        self._make_settled()  # set aside after the flush had made those before
+        self.make_aside()  # set aside after the flush had made those before it
         # A compute still running in another thread (uninstrument mid-compute): close it
         # with what it has, marked incomplete, rather than leave it open and referenced.
         for record in list(self._records):
@@ -592,17 +609,17 @@ class Tracker:
         for record in list(self._records):
             record.sink = []
             self._forget(record)
-        self._settled = []
+        self._aside = []
 
     def unprocessed(self) -> int:
         """Task records not yet turned into spans, plus the root spans of computes still open.
 
         Records held for a span to come count too: a slow task kept for the compute's end, a
-        task folded into an aggregate not yet made. A compute the sampler left out has no
-        spans to make.
+        task folded into an aggregate not yet made; and the spans of computes set aside
+        (:meth:`_set_aside`). A compute the sampler left out has no spans to make.
         """
         with self._lock:
-            return self._settled_spans + sum(len(r.sink) + r.seen - r.in_spans + 1 for r in self._records if r.sampled)
+            return self._aside_spans + sum(len(r.sink) + r.seen - r.in_spans + 1 for r in self._records if r.sampled)
 
     def _close_incomplete(self, record: ComputeRecord) -> None:
         if record.end_ns is None:
@@ -622,7 +639,7 @@ class Tracker:
                     return
                 target = self._requested
                 records = list(self._records)
-            self._make_settled()
+            self.make_aside()
             for record in records:
                 with self._lock:
                     if not self._claim(record):  # drained inline by the thread that computed it
@@ -759,7 +776,7 @@ class Tracker:
         return runs
 
     def _new_batch(self, sampled: bool) -> Any:
-        """Somewhere to keep the spans about to be made of ``record`` encoded, to queue them
+        """Somewhere to keep the spans about to be made of a compute encoded, to queue them
         together (one lock round trip per compute, or per slice of a large one's task records,
         not per span). None where spans are not encoded as they end, or the compute is unsampled."""
         if self._encoded_batch is not None and sampled:

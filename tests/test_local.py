@@ -552,7 +552,7 @@ def test_a_failed_computes_traceback_shows_no_frame_of_otel_graph(scheduler, sho
 
 SMALL_COMPUTES = r"""
 import dask, otel_graph
-from otel_graph.tracker import SETTLED_COMPUTES
+from otel_graph.tracker import ASIDE_COMPUTES
 handle = otel_graph.instrument_scheduler(resources=False, drain_interval_s=3600)  # the tracker's thread stays out
 def inc(x): return x + 1
 def made():
@@ -560,7 +560,7 @@ def made():
     return stats["spans_queued"] + stats["spans_exported"]
 for scheduler in ("sync", "threads"):
     before = made()
-    for _ in range(SETTLED_COMPUTES - 1):
+    for _ in range(ASIDE_COMPUTES - 1):
         dask.compute(*[dask.delayed(inc)(i) for i in range(3)], scheduler=scheduler)
     print("ASIDE", scheduler, made() - before, flush=True)
     dask.compute(*[dask.delayed(inc)(i) for i in range(3)], scheduler=scheduler)
@@ -574,7 +574,7 @@ print("FLUSHED", handle.flush(timeout_s=30), handle.stats()["spans_exported"], f
 def test_small_computes_spans_are_made_together_by_the_thread_that_computed(receiver):  # noqa: F811
     """Where otel_graph built the SDK (its processors only queue), computes of a few tasks are
     set aside, and their spans made together by the thread that computed the last of
-    SETTLED_COMPUTES, before that compute() returns: no hand over to the tracker's thread,
+    ASIDE_COMPUTES, before that compute() returns: no hand over to the tracker's thread,
     whose wake-up and GIL hand-offs cost more than the work. A large compute is still the
     tracker thread's (and flush() still waits for it)."""
     import subprocess
@@ -584,16 +584,43 @@ def test_small_computes_spans_are_made_together_by_the_thread_that_computed(rece
     env = otlp_env(receiver.grpc_endpoint, "grpc", OTEL_METRICS_EXPORTER="none")  # spans encoded as they end
     run = subprocess.run([sys.executable, "-c", SMALL_COMPUTES], env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-3000:]
-    from otel_graph.tracker import SETTLED_COMPUTES
+    from otel_graph.tracker import ASIDE_COMPUTES
 
     counts = {(line.split()[0], line.split()[1]): int(line.split()[2]) for line in run.stdout.splitlines()
               if line.startswith(("ASIDE", "BUILT"))}
-    every = 4 * SETTLED_COMPUTES  # three task spans and the root a compute
+    every = 4 * ASIDE_COMPUTES  # three task spans and the root a compute
     assert counts == {("ASIDE", "sync"): 0, ("BUILT", "sync"): every,
                       ("ASIDE", "threads"): 0, ("BUILT", "threads"): every}, run.stdout
     (flushed,) = [line.split()[1:] for line in run.stdout.splitlines() if line.startswith("FLUSHED")]
     assert flushed[0] == "True" and int(flushed[1]) > 2 * every + 1, flushed  # and the big one's, by the tracker
     assert len(receiver.spans()) == int(flushed[1])
+
+
+FORCE_FLUSHED = r"""
+import dask, otel_graph
+from opentelemetry import trace
+handle = otel_graph.instrument_scheduler(resources=False, drain_interval_s=3600)
+def inc(x): return x + 1
+for _ in range(3):
+    dask.compute(*[dask.delayed(inc)(i) for i in range(3)], scheduler="sync")
+print("ASIDE", handle.stats()["spans_queued"] + handle.stats()["spans_exported"], flush=True)
+print("FORCED", trace.get_tracer_provider().force_flush(), handle.stats()["spans_exported"], flush=True)
+"""
+
+
+def test_the_providers_force_flush_makes_and_exports_small_computes_set_aside(receiver):  # noqa: F811
+    """OpenTelemetry's own way to flush, the tracer provider's force_flush(), makes the spans of
+    computes set aside too, and returns once they are exported."""
+    import subprocess
+
+    from test_exporters_env import otlp_env
+
+    env = otlp_env(receiver.grpc_endpoint, "grpc", OTEL_METRICS_EXPORTER="none")
+    run = subprocess.run([sys.executable, "-c", FORCE_FLUSHED], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in run.stdout.splitlines())
+    assert lines["ASIDE"] == "0"
+    assert lines["FORCED"] == "True 12"  # three computes, three task spans and a root each
 
 
 def test_a_process_pool_worker_imports_no_opentelemetry(telemetry):

@@ -383,13 +383,13 @@ def test_the_memo_of_spans_encoded_as_they_end_stays_bounded(batched: bool) -> N
 
 
 def test_small_computes_set_aside_are_made_by_a_flush_and_at_stop() -> None:
-    """Fewer than SETTLED_COMPUTES small computes set aside are made by the next flush, with
+    """Fewer than ASIDE_COMPUTES small computes set aside are made by the next flush, with
     their metrics; stop() makes what was set aside since, and leaves nothing unbuilt."""
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
     from otel_graph.metrics import TaskMetrics
-    from otel_graph.tracker import SETTLED_COMPUTES, Tracker
+    from otel_graph.tracker import ASIDE_COMPUTES, Tracker
 
     provider = TracerProvider(resource=RESOURCE)
     encoded = Encoded()
@@ -407,22 +407,22 @@ def test_small_computes_set_aside_are_made_by_a_flush_and_at_stop() -> None:
         tracker.end(record, None)
 
     try:
-        for _ in range(SETTLED_COMPUTES - 1):
+        for _ in range(ASIDE_COMPUTES - 1):
             compute(2)
-        assert not encoded.spans and tracker.unprocessed() == 3 * (SETTLED_COMPUTES - 1)
+        assert not encoded.spans and tracker.unprocessed() == 3 * (ASIDE_COMPUTES - 1)
         assert tracker.flush(5)
-        assert len(encoded.spans) == 3 * (SETTLED_COMPUTES - 1) and tracker.unprocessed() == 0
+        assert len(encoded.spans) == 3 * (ASIDE_COMPUTES - 1) and tracker.unprocessed() == 0
         compute(1)
     finally:
         left = tracker.stop(5)
-    assert left == 0 and len(encoded.spans) == 3 * (SETTLED_COMPUTES - 1) + 2
+    assert left == 0 and len(encoded.spans) == 3 * (ASIDE_COMPUTES - 1) + 2
     roots = [s for s in encode_spans_fast(encoded.spans).resource_spans[0].scope_spans[0].spans
              if s.name == "dask.compute"]
     assert sorted({kv.key: kv.value.int_value for kv in s.attributes}["dask.graph.tasks"] for s in roots) == \
-        [1] + [2] * (SETTLED_COMPUTES - 1)
+        [1] + [2] * (ASIDE_COMPUTES - 1)
     (durations,) = [m for r in reader.get_metrics_data().resource_metrics for sm in r.scope_metrics
                     for m in sm.metrics if m.name == "dask.compute.duration"]
-    assert sum(p.count for p in durations.data.data_points) == SETTLED_COMPUTES
+    assert sum(p.count for p in durations.data.data_points) == ASIDE_COMPUTES
 
 
 def test_a_small_compute_past_half_the_span_budget_is_not_set_aside_a_span_a_task() -> None:
@@ -443,3 +443,29 @@ def test_a_small_compute_past_half_the_span_budget_is_not_set_aside_a_span_a_tas
     counts = [next((kv.value.int_value for kv in s.attributes if kv.key == "dask.task.count"), 1)
               for s in spans if s.name != "dask.compute"]
     assert len(counts) == 4 + 1 and sum(counts) == 10  # four task spans, and an aggregate of the other six
+
+
+def test_computes_set_aside_go_to_the_processors_there_when_they_ended() -> None:
+    """A span processor added once computes were set aside gets none of their spans: those are
+    made for the processors there before it, and later computes' for both."""
+    first, second = Encoded(), Encoded()
+    tracker = _tracker(first, drain_interval_s=3600)
+
+    def compute() -> None:
+        record = tracker.begin("sync")
+        assert record is not None and record.inline
+        record.submitted = 1
+        record.sink.append(("k-1", 1, 2, 1, 1, 8, "int", None))
+        tracker.end(record, None)
+
+    try:
+        compute()
+        compute()
+        assert not first.spans and tracker.unprocessed() == 4  # set aside
+        tracker.tracer.span_processor.add_span_processor(second)  # the provider's own processor, which holds the list
+        compute()  # the two before are made first, for the first processor alone
+        assert len(first.spans) == 4 and not second.spans
+        assert tracker.flush(5)
+    finally:
+        tracker.stop(5)
+    assert len(first.spans) == 6 and len(second.spans) == 2
