@@ -340,8 +340,8 @@ class ReliableSpanProcessor(SpanProcessor):
         weight = 0
         for _ in range(count):
             span = queue[0]
-            if type(span) is tuple:  # encoded: chunks are cut by their encoded size
-                weight += _weight(span) - 1
+            if type(span) is tuple:  # encoded: chunks are cut by their encoded size (_weight's, inline)
+                weight += len(span[0]) // SPAN_BYTES
             elif span.events:
                 size = _event_text_bytes(span)
                 if batch and event_bytes + size > MAX_EVENT_BYTES:
