@@ -131,7 +131,7 @@ def dask_suite(repeat: int, endpoint: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--repeat", type=int, default=5, help="rounds of each tiny workload (medians)")
+    parser.add_argument("--repeat", type=int, default=7, help="rounds of each tiny workload (medians)")
     parser.add_argument("--suite-repeat", type=int, default=2, help="runs of dask's suite, each way")
     parser.add_argument("--dask-suite", action="store_true", help="also time dask's own tests (a few minutes)")
     parser.add_argument("--json", help="write the rows here")
