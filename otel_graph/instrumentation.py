@@ -243,6 +243,7 @@ class Instrumentation:
                 self._cluster.uninstall(detach=False)
             self._instruments.readings.stop()
             self._tracker.stop(0, drain=False)
+            self._unhook_flush()
             raise
         self._live = True
 
@@ -278,12 +279,15 @@ class Instrumentation:
             close_in_process()
         # Building spans is our own CPU work and always progresses: bounded generously.
         self._tracker.stop(_UNINSTRUMENT_DRAIN_S)
-        for processor in self._flushed:
-            if processor.before_flush == self._tracker.make_aside:
-                processor.before_flush = None
+        self._unhook_flush()
         owned = self._owned
         if owned is not None and (owned.span_processor is None or owned.span_processor.healthy):
             owned.flush(self.settings.exit_timeout_s)
+
+    def _unhook_flush(self) -> None:
+        for processor in self._flushed:
+            if processor.before_flush == self._tracker.make_aside:
+                processor.before_flush = None
 
     def stats(self, *, workers: bool = False, timeout_s: float = 10.0) -> dict[str, int]:
         """Delivery counters: spans and points exported and undelivered, tasks aggregated,

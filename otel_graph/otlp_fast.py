@@ -130,8 +130,8 @@ _SPAN_FLAGS = {False: _FLAGS + _U32(_HAS_IS_REMOTE), True: _FLAGS + _U32(_IS_REM
 _EMPTY_STATUS = _STATUS + b"\x00"  # stock always sends a status, even UNSET and empty
 # A SpanContext is a tuple (trace id, span id, is_remote, flags, trace state, is_valid), its
 # fields properties reading it: read by index in the span encoders (a Python call each fewer,
-# nine a small compute), which are given SpanContexts (the SDK's spans', otel_graph's own) or
-# tuples of their first five fields. Checked against the properties below.
+# nine a small compute). simple_entry and child_entry also take a plain tuple of a context's
+# first five fields (a small compute set aside). Checked against the properties below.
 _AT_TRACE_ID, _AT_SPAN_ID, _AT_IS_REMOTE, _AT_FLAGS, _AT_TRACE_STATE = 0, 1, 2, 3, 4
 
 

@@ -140,8 +140,9 @@ class ReliableSpanProcessor(SpanProcessor):
         # traces) would otherwise be retried whole, forever, holding up every span behind it.
         self._batch_limit = max_batch
         self._chunked = _takes_encoded_chunks(exporter)
-        #: Called first by force_flush: spans still to be made (small computes set aside) are made.
-        self.before_flush: Callable[[], None] | None = None
+        #: Called first by force_flush, given its timeout in seconds: spans still to be made
+        #: (small computes set aside) are made.
+        self.before_flush: Callable[[float], None] | None = None
         self.exported = 0
         self.dropped = 0
         self.failed_attempts = 0
@@ -212,10 +213,11 @@ class ReliableSpanProcessor(SpanProcessor):
             self._drop_oldest()
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        deadline = time.monotonic() + timeout_millis / 1000
         before = self.before_flush
         if before is not None:
-            before()
-        return self._wait_empty(timeout_millis / 1000)
+            before(timeout_millis / 1000)
+        return self._wait_empty(deadline - time.monotonic())
 
     def shutdown(self) -> None:
         self.deliver_remaining(timeout_s=DEFAULT_EXIT_TIMEOUT_S)

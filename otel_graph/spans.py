@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from dask._task_spec import NestedContainer, Task, _execute_subgraph, _identity_cast
 from dask.utils import funcname
 from opentelemetry import trace
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanKind, Status, StatusCode, TraceFlags
 from toolz.functoolz import Compose
 
 from otel_graph.events import (INT64_MAX, MAX_KEY_CHARS, OTHER_PREFIXES, ErrorInfo, TaskEvent, key_to_str, safe_text,
@@ -477,6 +477,9 @@ class EncodedBatch(list):  # type: ignore[type-arg]
         batch is only made where none bites (:meth:`DirectEmitter.encoded_batch`)."""
         encoded = _encoded(self.parts, name, context, parent, start_ns, end_ns, attributes, events, status)
         if encoded is None:
+            if type(context) is tuple:  # a set-aside root's context, as a plain tuple of its fields
+                context = self.emitter._span_context(context[0], context[1], context[2], TraceFlags(context[3]),
+                                                     context[4])
             self.emitter.hand_over(name=name, context=context, parent=parent, start_ns=start_ns, end_ns=end_ns,
                                    attributes=attributes, events=events, status=status)
         else:

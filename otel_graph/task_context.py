@@ -41,37 +41,50 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext
 _random = random.Random()
 
 
-def _runtime_variable() -> Any:
-    """The ContextVar behind OpenTelemetry's context, where its runtime context is the default
-    one (``ContextVarsRuntimeContext``); else None."""
+def _runtime() -> tuple[Any, Any]:
+    """OpenTelemetry's runtime context, and the ContextVar behind it where it is the default one
+    (``ContextVarsRuntimeContext``); else (None, None)."""
     try:
         from opentelemetry.context import _RUNTIME_CONTEXT
         from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
     except ImportError:
-        return None
-    if type(_RUNTIME_CONTEXT) is not ContextVarsRuntimeContext:
-        return None
+        return None, None
     variable = getattr(_RUNTIME_CONTEXT, "_current_context", None)
-    return variable if callable(getattr(variable, "set", None)) and callable(getattr(variable, "reset", None)) else None
+    if type(_RUNTIME_CONTEXT) is not ContextVarsRuntimeContext or not callable(getattr(variable, "reset", None)):
+        return None, None
+    return _RUNTIME_CONTEXT, variable
 
 
 # OpenTelemetry's context functions each go through its runtime context: two Python calls
-# each, eight a compute. Where that is the default, its ContextVar is used as it would use it.
-_VARIABLE = _runtime_variable()
-#: ``opentelemetry.context.attach`` and ``get_current``.
-attach_context = otel_context.attach if _VARIABLE is None else _VARIABLE.set
-current_context = otel_context.get_current if _VARIABLE is None else _VARIABLE.get
+# each, eight a compute. While that is the default, its ContextVar is used as it would use
+# it; an application may put another in its place (Sentry's OpenTelemetry integration does),
+# and from then on the API's functions are called.
+_RUNTIME, _VARIABLE = _runtime()
+
+
+def attach_context(context: Any) -> Any:
+    """``opentelemetry.context.attach``."""
+    if _VARIABLE is not None and otel_context._RUNTIME_CONTEXT is _RUNTIME:
+        return _VARIABLE.set(context)
+    return otel_context.attach(context)
+
+
+def current_context() -> Any:
+    """``opentelemetry.context.get_current``."""
+    if _VARIABLE is not None and otel_context._RUNTIME_CONTEXT is _RUNTIME:
+        return _VARIABLE.get()
+    return otel_context.get_current()
 
 
 def detach_context(token: Any) -> None:
     """``opentelemetry.context.detach``: which logs, never raises, where the token is not this context's."""
-    if _VARIABLE is None:
-        otel_context.detach(token)
-        return
-    try:
-        _VARIABLE.reset(token)
-    except Exception:  # noqa: BLE001 - the API's own detach says so, as it would have
-        otel_context.detach(token)
+    if _VARIABLE is not None and otel_context._RUNTIME_CONTEXT is _RUNTIME:
+        try:
+            _VARIABLE.reset(token)
+            return
+        except Exception:  # noqa: BLE001 - the API's own detach says so, as it would have
+            pass
+    otel_context.detach(token)
 
 
 try:  # the key the API keeps the current span under

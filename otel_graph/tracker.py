@@ -8,9 +8,10 @@ list and nothing more. This module owns everything after that:
 * :meth:`Tracker.end` stamps the end and wakes the worker thread, or, for a small
   compute whose every task has reported, handles it in the thread that computed it
   (:data:`INLINE_MAX_TASKS`): one that succeeded is set aside in plain values, and the
-  telemetry of :data:`ASIDE_COMPUTES` of them is made together, by the thread that sets
-  aside the last, or by the worker thread at its next drain or flush; any other is made
-  at once;
+  telemetry of :data:`ASIDE_COMPUTES` of them (or of :data:`ASIDE_SPANS` spans) is made
+  together, by the thread that sets aside the last, or by the worker thread at its next
+  drain, in a flush, at stop, in the span processors' ``force_flush``, or when the span
+  processors change; any other is made at once;
 * the worker thread drains every record's events in bulk, feeds the span budget
   (:mod:`otel_graph.policy`) and the task metrics, and, once every submitted task of an
   ended compute has reported, emits its aggregates and ends its root span with
@@ -84,9 +85,10 @@ MAX_BACKLOG = 256
 INLINE_MAX_TASKS = 128
 #: Small computes that succeeded, set aside (:meth:`Tracker._set_aside`), whose telemetry is then
 #: made together: by the thread that sets aside the last of them, or at the tracker's next
-#: drain or flush. Made one by one, each compute's spans were made in code and data that Dask
-#: had just evicted from the CPU's caches: a one-task compute's cost twice what they cost made
-#: in a run (a loop of one-task computes: 25 against 12 µs each).
+#: drain, a flush, stop, a span processor's force_flush, or a change of span processors.
+#: Made one by one, each compute's spans were made in code and data that Dask had just
+#: evicted from the CPU's caches: a one-task compute's cost about three times what they cost
+#: made in a run (a loop of one-task computes: about 25 against 7 µs each).
 ASIDE_COMPUTES = 64
 #: ... or as soon as they are to make this many spans: a compute's return pays for making them.
 ASIDE_SPANS = 512
@@ -227,6 +229,7 @@ class Tracker:
         #: counted here until made (unprocessed()).
         self._aside: list[Any] = []
         self._aside_spans = 0
+        self._aside_listed = 0  # of those spans, the ones in _aside (not being made elsewhere)
         # A successful task's span is encoded straight from its record where the emitter can
         # (otel_graph.task_encoding), into a batch queued at once: no attribute dict, no span
         # context, one lock round trip per batch.
@@ -258,7 +261,8 @@ class Tracker:
         #: stays counted as unbuilt (unprocessed()), not built unseen.
         self._halt = False
         #: Held while spans are made and queued (a compute drained whole, a slice of a large
-        #: one's task records, a compute's end), and while stop() counts what is left: a count
+        #: one's task records, a compute's end, computes set aside), and while stop() counts
+        #: what is left: a count
         #: taken while spans were being made counted them twice, as unbuilt and then as spans.
         self._building = threading.RLock()
         self.tasks_aggregated = 0
@@ -292,7 +296,7 @@ class Tracker:
         self._records = {}
         self._backlog = 0
         self._inline = set()
-        self._aside, self._aside_spans = [], 0
+        self._aside, self._aside_spans, self._aside_listed = [], 0, 0
         self._building = threading.RLock()  # held by a thread of the parent's at the fork, maybe
 
     # -- called from capture, on the user's threads ------------------------------------
@@ -383,7 +387,10 @@ class Tracker:
             tasks = tuple(facts)
             for _ in range(2):
                 with self._lock:
-                    if self._stopping or record.claimed or record not in self._records:
+                    # The tracker's thread may have drained some of it while it ran (and given it
+                    # a plan) since the checks above: then it is drained here.
+                    if self._stopping or record.claimed or record not in self._records or record.seen \
+                            or record.plan is not None or len(record.sink) != len(tasks):
                         return False
                     aside = self._aside
                     if not aside or (aside[0][0] is encoding[0] and aside[0][1] is encoding[1]):
@@ -395,7 +402,8 @@ class Tracker:
                             aside.append(encoding)
                         aside.append((root, record.scheduler, tasks))
                         self._aside_spans += len(tasks) + 1
-                        full = len(aside) > ASIDE_COMPUTES or self._aside_spans >= ASIDE_SPANS
+                        self._aside_listed += len(tasks) + 1
+                        full = len(aside) > ASIDE_COMPUTES or self._aside_listed >= ASIDE_SPANS
                         break
                 # The processors changed: those set aside go to the ones there when they ended.
                 self.make_aside()
@@ -410,52 +418,69 @@ class Tracker:
             self.make_aside()
         return True
 
-    def make_aside(self) -> None:
+    def make_aside(self, timeout_s: float | None = None) -> None:
         """The spans and metrics of the computes set aside so far (:meth:`_set_aside`), made and
         queued together; a compute that fails is counted and its root ended marked so. From any
-        thread: never raises."""
+        thread: never raises. Waits at most ``timeout_s`` for spans being made elsewhere (an
+        application's processor may block in them): then makes nothing."""
         try:
-            self._make_aside_now()
+            if not self._building.acquire(timeout=-1 if timeout_s is None else max(0.0, timeout_s)):
+                return
+            try:
+                self._make_aside_now()
+            finally:
+                self._building.release()
         except Exception:
             self.processing_errors += 1
             logger.debug("otel_graph: failed to process computes set aside", exc_info=True)
 
     def _make_aside_now(self) -> None:
-        with self._building:
-            if self._halt:
-                return  # counted as unbuilt
-            with self._lock:
-                aside, self._aside = self._aside, []  # still counted in _aside_spans, until made
-            if not aside:
-                return
-            made = 0
-            runs: list[Run] = []
-            computes: list[tuple[str, bool, float]] = []
-            encode, label = self._task_encoder.encode, self._metrics.label
+        """Under ``_building``."""
+        if self._halt:
+            return  # counted as unbuilt
+        with self._lock:
+            aside, self._aside = self._aside, []  # still counted in _aside_spans, until made
+            self._aside_listed = 0
+        if not aside:
+            return
+        items = aside[1:]
+        try:
             batch = self._emitter.encoded_batch(aside[0])
-            try:
-                for root, scheduler, tasks in aside[1:]:
-                    if self._halt:
-                        break  # stop(drain=False): the rest stay counted as unbuilt
-                    made += len(tasks) + 1
-                    failed = False
+        except Exception:  # none of them can be made: lost, and counted
+            self.processing_errors += len(items) - 1  # and one by make_aside
+            with self._lock:
+                self._aside_spans -= sum(len(tasks) + 1 for _, _, tasks in items)
+            raise
+        made = 0
+        runs: list[Run] = []
+        computes: list[tuple[str, bool, float]] = []
+        encode, label = self._task_encoder.encode, self._metrics.label
+        try:
+            for root, scheduler, tasks in items:
+                if self._halt:
+                    break  # stop(drain=False): the rest stay counted as unbuilt
+                made += len(tasks) + 1
+                failed = False
+                try:
+                    done = self._aside_spans_of(batch, root, scheduler, tasks, label, encode)
+                except Exception:
+                    self.processing_errors += 1
+                    logger.debug("otel_graph: failed to process a compute", exc_info=True)
+                    done, failed = None, True
+                    root[5]["otel_graph.processing_error"] = True  # its root still ends, marked
                     try:
-                        done = self._aside_spans_of(batch, root, scheduler, tasks, label, encode)
-                    except Exception:
-                        self.processing_errors += 1
-                        logger.debug("otel_graph: failed to process a compute", exc_info=True)
-                        done, failed = None, True
-                        root[5]["otel_graph.processing_error"] = True  # its root still ends, marked
                         batch.add(*root, (), UNSET_STATUS)
-                    if done:
-                        runs += done
-                    computes.append((scheduler, failed, (root[4] - root[3]) / 1e9))
-                self._metrics.record_computes(computes, runs)
-            finally:
-                with self._lock:
-                    self._aside_spans -= made
-                if batch:
-                    self._queue_batch(batch)
+                    except Exception as exc:
+                        self._span_failed(exc)
+                if done:
+                    runs += done
+                computes.append((scheduler, failed, (root[4] - root[3]) / 1e9))
+            self._metrics.record_computes(computes, runs)
+        finally:
+            with self._lock:
+                self._aside_spans -= made
+            if batch:
+                self._queue_batch(batch)
 
     def _aside_spans_of(self, batch: Any, root: tuple[Any, ...], scheduler: str,
                         tasks: tuple[tuple[tuple[Any, ...], TaskFacts], ...], label: Any, encode: Any) -> list[Run]:
@@ -546,7 +571,10 @@ class Tracker:
                     self._wake.wait(0.5 if remaining is None else min(remaining, 0.5))
             finally:
                 self._waiting_inline -= 1
-            # Set aside and not yet made counts too (a halt may leave some, swapped out, unbuilt).
+        # And what other threads set aside since the tracker made what there was (a halt may
+        # leave some unmade: those count as pending).
+        self.make_aside(None if deadline is None else deadline - time.monotonic())
+        with self._lock:
             return not self._aside_spans and not any(r.end_ns is not None for r in self._records)
 
     def stop(self, timeout_s: float | None, *, drain: bool = True) -> int:

@@ -227,3 +227,26 @@ def test_the_ids_are_those_the_providers_id_generator_would_give() -> None:
         context.detach(token)
     assert (ours.trace_id, ours.span_id) == (sdk.trace_id, sdk.span_id)
     assert (counted.trace_id, counted.span_id) == (0xABC, 1)
+
+
+def test_the_context_helpers_follow_a_runtime_context_put_in_place_later(monkeypatch: pytest.MonkeyPatch) -> None:
+    """otel_graph reads and sets OpenTelemetry's context through its ContextVar; an application
+    may replace the runtime context once running (Sentry's integration does), and from then on
+    what otel_graph attaches must be what the API reads, and the reverse."""
+    from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
+
+    from otel_graph.task_context import attach_context, current_context, detach_context
+
+    monkeypatch.setattr(context, "_RUNTIME_CONTEXT", ContextVarsRuntimeContext())
+    mine = context.Context({"k": 1})
+    token = attach_context(mine)
+    try:
+        assert context.get_current() is mine and current_context() is mine
+    finally:
+        detach_context(token)
+    assert context.get_current() is not mine
+    theirs = context.attach(context.Context({"k": 2}))
+    try:
+        assert current_context() is context.get_current()
+    finally:
+        context.detach(theirs)

@@ -469,3 +469,37 @@ def test_computes_set_aside_go_to_the_processors_there_when_they_ended() -> None
     finally:
         tracker.stop(5)
     assert len(first.spans) == 6 and len(second.spans) == 2
+
+
+def test_a_compute_the_tracker_drained_while_it_was_being_set_aside_is_not_made_twice(monkeypatch) -> None:
+    """The tracker's thread drains running computes: if it takes a compute's records while its
+    thread is reading them to set it aside, the compute is drained there instead, each task
+    a span once."""
+    import otel_graph.tracker as tracker_module
+
+    encoded = Encoded()
+    tracker = _tracker(encoded, drain_interval_s=3600)
+    record = tracker.begin("sync")
+    assert record is not None and record.inline
+    record.submitted = 3
+    record.sink.extend((f"inc-{i}", 1, 2, 1, 1, 8, "int", None) for i in range(3))
+    facts = tracker_module.task_facts
+    landed = []
+
+    def drain_lands(*args: Any, **kwargs: Any) -> Any:
+        if not landed:  # what the tracker's thread does to a compute it found running
+            landed.append(True)
+            end_ns, record.end_ns = record.end_ns, None
+            tracker._drain_guarded(record)
+            record.end_ns = end_ns
+        return facts(*args, **kwargs)
+
+    monkeypatch.setattr(tracker_module, "task_facts", drain_lands)
+    try:
+        tracker.end(record, None)
+        assert tracker.flush(5)
+    finally:
+        tracker.stop(5)
+    assert landed
+    names = sorted(_names(encoded.spans))
+    assert names == ["dask.compute", "inc", "inc", "inc"], names
