@@ -15,6 +15,11 @@ their parent. Outside a task, or where spans cannot be given an id (an applicati
 own TracerProvider: spans go through its tracer, which picks ids itself), it answers
 with the compute span's context, so user spans nest under ``dask.compute`` instead.
 
+Making that context current is a few context operations per compute; :func:`attach_context`,
+:func:`detach_context`, :func:`current_context` and :func:`with_span` are OpenTelemetry's
+own, done straight on its context variable while its runtime context is the default one
+(each API function goes through two Python calls, which a loop of tiny computes feels).
+
 >>> from opentelemetry import trace
 >>> compute = trace.SpanContext(1, 2, False, trace.TraceFlags(1))
 >>> ids = {}
