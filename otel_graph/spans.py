@@ -478,8 +478,7 @@ class EncodedBatch(list):  # type: ignore[type-arg]
         encoded = _encoded(self.parts, name, context, parent, start_ns, end_ns, attributes, events, status)
         if encoded is None:
             if type(context) is tuple:  # a set-aside root's context, as a plain tuple of its fields
-                context = self.emitter._span_context(context[0], context[1], context[2], TraceFlags(context[3]),
-                                                     context[4])
+                context = span_context_of(context)
             self.emitter.hand_over(name=name, context=context, parent=parent, start_ns=start_ns, end_ns=end_ns,
                                    attributes=attributes, events=events, status=status)
         else:
@@ -549,6 +548,13 @@ class EncodedBatch(list):  # type: ignore[type-arg]
                     processor.on_end_encoded_many(self)
             finally:  # refused, they are counted once (by the caller), never queued again
                 self.clear()
+
+
+def span_context_of(fields: tuple[Any, ...]) -> trace.SpanContext:
+    """The SpanContext of a plain tuple of its first five fields (a set-aside root's context:
+    :meth:`otel_graph.compute_span.ComputeSpan.end_aside`)."""
+    trace_id, span_id, remote, flags, state = fields
+    return trace.SpanContext(trace_id, span_id, remote, TraceFlags(flags), state)
 
 
 def _encoded(parts: _Encoding, name: str, context: Any, parent: Any, start_ns: int, end_ns: int,

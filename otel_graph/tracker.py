@@ -39,7 +39,7 @@ from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags
+from opentelemetry.trace import NonRecordingSpan, Status, StatusCode, TraceFlags
 
 from otel_graph.compute_span import ComputeSpan, start_compute_span
 from otel_graph.events import TaskEvent, describe_exception, task_prefix
@@ -53,6 +53,7 @@ from otel_graph.spans import (
     aggregate_attributes,
     attributes_of,
     exception_event_attributes,
+    span_context_of,
     recovered_attributes,
     task_attributes,
     task_facts,
@@ -349,7 +350,7 @@ class Tracker:
                 return False
             self._inline.add(record)
         try:
-            self._drain_guarded(record, whole=self._whole(record))  # never raises into the user's compute
+            self._drain_guarded(record)  # never raises into the user's compute
         finally:
             with self._wake:
                 record.claimed = False
@@ -491,8 +492,7 @@ class Tracker:
         runs, left = batch.add_tasks(context, tasks, label, scheduler, encode)
         if left:  # attributes that could not be encoded: made the generic way, which says what it left out
             facts = dict(tasks)
-            trace_id, span_id, remote, flags, state = context
-            parent_span = NonRecordingSpan(SpanContext(trace_id, span_id, remote, TraceFlags(flags), state))
+            parent_span = NonRecordingSpan(span_context_of(context))
             for ev, prefix in left:
                 try:
                     self._emitter.emit(parent=parent_span, name=self._metrics.span_name(prefix), start_ns=ev.start_ns,
@@ -683,11 +683,11 @@ class Tracker:
                 self._completed = target
                 self._wake.notify_all()
 
-    def _drain_guarded(self, record: ComputeRecord, *, whole: bool = False) -> None:
-        """:meth:`_drain` (:meth:`_drain_whole`, known to be whole); a compute that fails it is
-        counted and its root span closed, and one bad compute never stops telemetry for the rest."""
+    def _drain_guarded(self, record: ComputeRecord) -> None:
+        """:meth:`_drain`; a compute that fails it is counted and its root span closed, and
+        one bad compute never stops telemetry for the rest."""
         try:
-            (self._drain_whole if whole else self._drain)(record)
+            self._drain(record)
         except Exception:
             self.processing_errors += 1
             logger.debug("otel_graph: failed to process a compute", exc_info=True)
