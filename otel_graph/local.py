@@ -76,6 +76,9 @@ def _run_local(record: ComputeRecord, batch: list) -> list:
     finally:
         if token is not None:
             detach_context(token)
+            # A pool's thread: the tracker drains the compute while it runs (tracker.EARLY_DRAIN_EVENTS).
+            if record.early_at is not None and len(record.sink) >= record.early_at:
+                record.drain_soon(record)
     return out
 
 
@@ -270,3 +273,5 @@ def _deliver_remote(record: ComputeRecord, count: int, future: Future) -> None:
         record.lost += count
     else:
         record.sink.extend(events)
+        if record.early_at is not None and len(record.sink) >= record.early_at:
+            record.drain_soon(record)

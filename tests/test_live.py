@@ -8,6 +8,8 @@ import threading
 from pathlib import Path
 
 import dask
+import dask.multiprocessing
+import dask.threaded
 import pytest
 from opentelemetry.sdk.trace import SpanProcessor
 from otlp_receiver import OtlpReceiver
@@ -45,6 +47,46 @@ def test_long_job_spans_arrive_while_it_runs(telemetry):
     assert dask.get(graph, "late") is True
     (root,) = telemetry.roots()
     assert root.attributes["dask.graph.tasks"] == 6
+
+
+def _early(i: int) -> int:
+    return i
+
+
+def _wait_for_file(path: str, *parts: int) -> bool:
+    # A task of a process pool cannot wait on the test's Event: the test makes a file instead.
+    import os
+    import time
+
+    deadline = time.monotonic() + 20
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+@pytest.mark.parametrize("scheduler", ["threads", "processes"])
+@pytest.mark.parametrize("telemetry", [{"drain_interval_s": 600}], indirect=True)
+def test_a_pool_computes_spans_are_made_while_it_runs(telemetry, scheduler, tmp_path):
+    # Not at the next drain interval (600 s): once EARLY_DRAIN_EVENTS task records await the
+    # tracker. The last task waits, inside the compute, for that many spans to have ended.
+    from otel_graph.tracker import EARLY_DRAIN_EVENTS
+
+    counting = _Counting("early", EARLY_DRAIN_EVENTS)
+    telemetry.tracer_provider.add_span_processor(counting)
+    seen = tmp_path / "seen"
+    watcher = threading.Thread(target=lambda: counting.enough.wait(30) and seen.touch(), daemon=True)
+    watcher.start()
+    tasks = EARLY_DRAIN_EVENTS + 44
+    graph = {("early", i): (_early, i) for i in range(tasks)}
+    graph["late"] = (_wait_for_file, str(seen), *graph)
+    get = {"threads": dask.threaded.get, "processes": dask.multiprocessing.get}[scheduler]
+    assert get(graph, "late") is True
+    (root,) = telemetry.roots()
+    assert root.attributes["dask.scheduler"] == scheduler
+    assert root.attributes["dask.graph.tasks"] == tasks + 1
+    assert sorted(s.name for s in telemetry.children(root)) == ["early"] * tasks + ["late"]
 
 
 def test_results_held_in_memory_are_gauged(telemetry):
