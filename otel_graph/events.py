@@ -156,6 +156,13 @@ def task_prefix(key: Any) -> str:
     split = _split
     while type(key) is tuple and key:
         key, split = key[0], _split_name
+    if split is _split and type(key) is str:
+        # key_split's answer for the usual one-off key, "name-<token>", in a few steps: a second
+        # word that starts with no letter ends the prefix at the first word (0.1 against 0.7 µs).
+        head, _, rest = key.partition("-")
+        if head[:1].isalpha() and not rest[:1].isalpha() and len(head) != 32 and len(head) <= MAX_PREFIX_CHARS \
+                and head.isascii():
+            return head
     try:
         prefix = split(key)
     except Exception:

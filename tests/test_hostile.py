@@ -173,6 +173,25 @@ def test_any_key_becomes_bounded_utf8_text(key):
     prefix.encode("utf-8")
 
 
+_KEY_WORDS = st.sampled_from(["inc", "x", "", "_(x)", "abcdefab", "5f3c", "Hello", "é", "<a.b object at 0x1", "a,b",
+                                "ae05086432ca935f6eba409a8ecd4896", "1", "-", "x" * 200, "ünï", "(x"])
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.lists(_KEY_WORDS | st.text(max_size=12), min_size=1, max_size=5).map("-".join) | st.text())
+def test_a_string_keys_prefix_is_dask_key_split(key):
+    # task_prefix takes a shortcut for "name-<token>" keys: it must answer as key_split does.
+    from dask.utils import key_split
+
+    from otel_graph.events import MAX_PREFIX_CHARS, _cut
+
+    expected = key_split.__wrapped__(key)
+    if len(expected) > MAX_PREFIX_CHARS or not expected.isascii():
+        expected = _cut(expected, MAX_PREFIX_CHARS)
+    assert task_prefix(key) == expected
+    assert task_prefix((key, 0)) == expected
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.text(), st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1, max_size=20))
 def test_any_exception_is_described_in_bounded_utf8(message, name):
