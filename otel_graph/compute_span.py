@@ -48,6 +48,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.span import DEFAULT_TRACE_STATE as _NO_STATE
+from opentelemetry.trace.span import TraceState
 
 from otel_graph.events import describe_exception
 from otel_graph.spans import UNSET_STATUS, exception_event_attributes
@@ -60,6 +61,22 @@ _RANDOM = getattr(TraceFlags, "RANDOM_TRACE_ID", 0)
 #: One of each, not one a compute: (sampled, random trace id) -> flags.
 _FLAGS = {(sampled, random): TraceFlags((TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT) | (_RANDOM if random else 0))
           for sampled in (False, True) for random in (False, True)}
+
+
+def _span_context_is_its_tuple() -> bool:
+    """Whether a SpanContext is the tuple (trace id, span id, is_remote, flags, trace state,
+    is_valid) its constructor makes, read by its properties (checked, not assumed, per release)."""
+    try:
+        flags, state = TraceFlags(1), TraceState([("k", "v")])
+        made = tuple.__new__(SpanContext, (3, 5, False, flags, state, True))
+        return made == SpanContext(3, 5, False, flags, state) and (made.trace_id, made.span_id, made.is_remote) == \
+            (3, 5, False) and made.trace_flags is flags and made.trace_state is state and made.is_valid is True
+    except Exception:  # noqa: BLE001 - then the constructor it is
+        return False
+
+
+_tuple_new = tuple.__new__
+_AS_TUPLE = _span_context_is_its_tuple()
 
 
 def start_compute_span(emitter: Any, name: str, *, start_ns: int, attributes: dict[str, Any],
@@ -92,8 +109,12 @@ def start_compute_span(emitter: Any, name: str, *, start_ns: int, attributes: di
         decision = emitter.sampler.should_sample(context, trace_id, name, SpanKind.INTERNAL, attributes, ())
         sampled, recording = decision.decision.is_sampled(), decision.decision.is_recording()
         trace_state, attributes = decision.trace_state, dict(decision.attributes or {})
-    span_context = SpanContext(trace_id, (draws and _getrandbits(64)) or ids.generate_span_id(), is_remote=False,
-                               trace_flags=_FLAGS[sampled, random], trace_state=trace_state)
+    if draws and _AS_TUPLE:  # ids valid by construction: the tuple SpanContext() would make, without its checks
+        span_context = _tuple_new(SpanContext, (trace_id, _getrandbits(64) or ids.generate_span_id(), False,
+                                                _FLAGS[sampled, random], _NO_STATE if trace_state is None else trace_state, True))
+    else:
+        span_context = SpanContext(trace_id, (draws and _getrandbits(64)) or ids.generate_span_id(), is_remote=False,
+                                   trace_flags=_FLAGS[sampled, random], trace_state=trace_state)
     if not recording:
         return NonRecordingSpan(span_context)
     return ComputeSpan(emitter, name, span_context, parent, start_ns, attributes)

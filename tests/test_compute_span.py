@@ -226,6 +226,8 @@ def test_the_ids_are_those_the_providers_id_generator_would_give() -> None:
     finally:
         context.detach(token)
     assert (ours.trace_id, ours.span_id) == (sdk.trace_id, sdk.span_id)
+    # Made as the tuple it is, not by its constructor: the same SpanContext, field for field.
+    assert type(ours) is type(sdk) and tuple(ours) == tuple(sdk) and ours.is_valid
     assert (counted.trace_id, counted.span_id) == (0xABC, 1)
 
 
