@@ -72,18 +72,30 @@ class _FunctionNames:
         #: callables, so most lookups end here. Weak, so that no callable is kept alive.
         self._seen: dict[int, tuple[Any, str]] = {}
 
-    def __call__(self, node: Any) -> str | None:
+    def __call__(self, node: Any, known: dict[int, str] | None = None) -> str | None:
+        """``known``: names by callable id, for the nodes of one graph, which keeps them alive
+        meanwhile (its blocks share callables that the weak cache cannot hold: NumPy's)."""
         if not isinstance(node, Task):
             return None
         names: list[str] = []
-        self._visit(node, names, 0)
+        self._visit(node, names, 0, known)
         return ", ".join(names) or None
 
-    def _name(self, func: Any) -> str:
+    def _name(self, func: Any, known: dict[int, str] | None = None) -> str:
+        # A partial is named by its function (_named): known by that one's identity, it is found
+        # in the cache, where a graph's partials, made anew each compute, never were.
+        while type(func) is partial:
+            func = func.func
+        if known is not None:
+            name = known.get(id(func))
+            if name is not None:
+                return name
         seen = self._seen.get(id(func))
         if seen is not None and seen[0]() is func:  # not another callable since given its id
             return seen[1]
         name = self._named(func)
+        if known is not None:
+            known[id(func)] = name
         if type(func).__weakrefoffset__:  # a weak reference can be made to it
             try:
                 ref = weakref.ref(func)
@@ -110,7 +122,7 @@ class _FunctionNames:
                 self._names[key] = name
         return name
 
-    def _visit(self, value: Any, names: list[str], depth: int) -> None:
+    def _visit(self, value: Any, names: list[str], depth: int, known: dict[int, str] | None) -> None:
         # Only tasks and containers can hold functions: other values are not visited at all
         # (a call each cost an array reduction's spans a third of their making).
         if len(names) >= MAX_FUNCTION_NAMES or depth > 32:
@@ -120,30 +132,30 @@ class _FunctionNames:
             if func is _execute_subgraph and args and (type(args[0]) is dict or isinstance(args[0], Mapping)):
                 for inner in args[0].values():
                     if isinstance(inner, _HOLDERS):
-                        self._visit(inner, names, depth + 1)
+                        self._visit(inner, names, depth + 1, known)
                 return
             for arg in args:
                 if isinstance(arg, _HOLDERS):
-                    self._visit(arg, names, depth + 1)
+                    self._visit(arg, names, depth + 1, known)
             if value.kwargs:
                 for arg in value.kwargs.values():
                     if isinstance(arg, _HOLDERS):
-                        self._visit(arg, names, depth + 1)
+                        self._visit(arg, names, depth + 1, known)
             # Containers (a List node, or the plain Task that builds one) are structure, not code.
             # A plain Task is none: known without NestedContainer's isinstance, Python code (an ABC).
             if (type(value) is Task or not isinstance(value, NestedContainer)) and func is not _identity_cast:
                 try:
                     if type(func) is Compose:  # toolz.compose (Dask's reductions): the functions it chains
                         for inner in (func.first, *func.funcs)[:MAX_FUNCTION_NAMES - len(names)]:
-                            names.append(self._name(inner))
+                            names.append(self._name(inner, known))
                     else:
-                        names.append(self._name(func))
+                        names.append(self._name(func, known))
                 except Exception:
                     return
         else:  # a list or a tuple
             for item in value:
                 if isinstance(item, _HOLDERS):
-                    self._visit(item, names, depth + 1)
+                    self._visit(item, names, depth + 1, known)
 
 
 #: What may hold a function to name: a task, or a container of them.
@@ -203,9 +215,11 @@ def dependency_keys(deps: Collection[Any]) -> tuple[str, ...]:
 TaskFacts = tuple[Collection[Any], "int | None", "str | None"]
 
 
-def task_facts(key: Any, graph: Mapping | None, state: Mapping | None, *, keep: bool = False) -> TaskFacts:
+def task_facts(key: Any, graph: Mapping | None, state: Mapping | None, *, keep: bool = False,
+               known: dict[int, str] | None = None) -> TaskFacts:
     """The task's :data:`TaskFacts`. With ``keep``, in plain values, which keep neither the graph
-    nor Dask's state alive (its dependencies as a tuple, not Dask's own set)."""
+    nor Dask's state alive (its dependencies as a tuple, not Dask's own set). ``known``: a dict
+    shared by the calls for one graph's tasks, while it is alive (:class:`_FunctionNames`)."""
     if state is None:
         deps: Collection[Any] = ()
         dependents = None
@@ -214,7 +228,7 @@ def task_facts(key: Any, graph: Mapping | None, state: Mapping | None, *, keep: 
         dependents = len(state["dependents"].get(key, ()))
         if keep:
             deps = tuple(deps) if deps else ()
-    return deps, dependents, None if graph is None else function_names(graph.get(key))
+    return deps, dependents, None if graph is None else function_names(graph.get(key), known)
 
 
 def task_attributes(ev: TaskEvent, prefix: str, graph: Mapping | None, state: Mapping | None) -> dict[str, Any]:

@@ -405,10 +405,11 @@ class Tracker:
             sink, graph, state = record.sink, record.graph, record.state
             # A failed task's span carries its exception: such a compute is drained here.
             facts = []
+            known: dict[int, str] = {}  # the graph's callables, named once (it keeps them alive meanwhile)
             for raw in sink:  # a loop, not a comprehension: no call of its own
                 if raw[_ERROR] is not None:
                     return False
-                facts.append((raw, task_facts(raw[0], graph, state, keep=True)))
+                facts.append((raw, task_facts(raw[0], graph, state, keep=True, known=known)))
             tasks = tuple(facts)
             for _ in range(2):
                 with self._lock:
@@ -826,8 +827,9 @@ class Tracker:
         if batch is None:
             self._consume(record, None, list(map(TaskEvent._make, taken)))
             return None
-        graph, state = record.graph, record.state
-        runs, left = batch.add_tasks(record.span_context, [(raw, task_facts(raw[0], graph, state)) for raw in taken],
+        graph, state, known = record.graph, record.state, {}
+        runs, left = batch.add_tasks(record.span_context, [(raw, task_facts(raw[0], graph, state, known=known))
+                                                           for raw in taken],
                                      self._metrics.label, record.scheduler, self._task_encoder.encode)
         record.in_spans += len(taken) - len(left)
         for ev, prefix in left:

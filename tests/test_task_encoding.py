@@ -503,3 +503,28 @@ def test_a_compute_the_tracker_drained_while_it_was_being_set_aside_is_not_made_
     assert landed
     names = sorted(_names(encoded.spans))
     assert names == ["dask.compute", "inc", "inc", "inc"], names
+
+
+def test_each_task_of_a_compute_set_aside_is_named_by_its_own_callable() -> None:
+    """Callables no weak reference can be made to (builtins, NumPy's functions) are named once
+    per graph, by their identity while the graph holds them: each task still gets its own."""
+    from otel_graph.tracker import Tracker
+
+    encoded = Encoded()
+    tracker: Tracker = _tracker(encoded)
+    funcs = [max, min, sum, max, len]  # builtins: no weak reference can be made to them
+    graph = {f"k{i}-1": Task(f"k{i}-1", func, [1, 2]) for i, func in enumerate(funcs)}
+    try:
+        record = tracker.begin("sync")
+        assert record is not None and record.inline
+        record.graph, record.state = graph, start_state_from_dask(graph)
+        record.submitted = len(graph)
+        record.sink.extend((key, 1, 2, 1, 1, 8, "int", None) for key in graph)
+        tracker.end(record, None)
+        assert tracker.flush(5)
+    finally:
+        tracker.stop(5)
+    spans = encode_spans_fast(encoded.spans).resource_spans[0].scope_spans[0].spans
+    named = {attributes["dask.task.key"]: attributes["code.function.name"] for attributes in
+             ({kv.key: kv.value.string_value for kv in span.attributes} for span in spans if span.name != "dask.compute")}
+    assert named == {f"k{i}-1": func.__name__ for i, func in enumerate(funcs)}
