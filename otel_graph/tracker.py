@@ -360,11 +360,16 @@ class Tracker:
             self._wake.notify()
 
     def _drain_soon(self, record: ComputeRecord) -> None:
-        """Capture's ask, from a pool's thread, to drain a running compute now (:data:`EARLY_DRAIN_EVENTS`)."""
-        record.early_at = len(record.sink) + EARLY_DRAIN_EVENTS  # not asked again at every batch meanwhile
-        with self._wake:
-            self._requested += 1
-            self._wake.notify()
+        """Capture's ask, from a pool's thread, to drain a running compute now (:data:`EARLY_DRAIN_EVENTS`).
+        Never raises into the task's thread."""
+        try:
+            record.early_at = len(record.sink) + EARLY_DRAIN_EVENTS  # not asked again at every batch meanwhile
+            with self._wake:
+                self._requested += 1
+                self._wake.notify()
+        except Exception:  # the interval's drain still comes
+            self.processing_errors += 1
+            logger.debug("otel_graph: could not ask for a drain", exc_info=True)
 
     def _drain_here(self, record: ComputeRecord) -> bool:
         """Drain an ended compute in this thread (see :data:`INLINE_MAX_TASKS`); False if
