@@ -22,7 +22,9 @@ Why not ``dask.callbacks.Callback``: its registry is one process-global set that
 callbacks for good. Wrapping per call keeps every compute, from any thread, traced.
 
 In-process executors (sync, threads) append events straight to the compute's list;
-process pools send them back attached to the batch's result list.
+process pools send them back attached to the batch's result list. On a pool (threads or
+processes), once ``tracker.EARLY_DRAIN_EVENTS`` events wait, capture asks the tracker to
+drain them while the compute runs (``record.drain_soon``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Computes in flight, and the one background thread that turns their task records into telemetry.
 
 Capture records a :class:`~otel_graph.events.TaskEvent` per task into its compute's
-list and nothing more. This module owns everything after that:
+list, and on a pool asks for a drain once :data:`EARLY_DRAIN_EVENTS` of them wait; nothing
+more. This module owns everything after that:
 
 * :meth:`Tracker.begin` opens the ``dask.compute`` root span, a child of the caller's
   current span, and returns the :class:`ComputeRecord` capture writes into;
@@ -36,7 +37,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from opentelemetry import trace
@@ -185,7 +186,7 @@ class ComputeRecord:
         #: Task records awaiting the tracker at which capture asks it to drain this compute while
         #: it runs (``drain_soon()``; :data:`EARLY_DRAIN_EVENTS`); None: only every interval.
         self.early_at: int | None = None
-        self.drain_soon: Any = None
+        self.drain_soon: Callable[[ComputeRecord], None] | None = None
 
     def all_reported(self) -> bool:
         """Every submitted task has its event (seen, or waiting in the sink) or was lost."""
@@ -240,6 +241,8 @@ class Tracker:
             self._tracer_enabled = tracer_enabled(tracer)
         #: The computes being drained inline: a flush waits for those begun before it.
         self._inline: set[ComputeRecord] = set()
+        #: Running pool computes whose task records pile up, to drain before the interval (_drain_soon).
+        self._early: dict[ComputeRecord, None] = {}
         #: Small computes set aside (_set_aside), in plain values, after the encoding (processors)
         #: their spans go to; and the spans they are to make: forgotten as computes, they are
         #: counted here until made (unprocessed()).
@@ -312,6 +315,7 @@ class Tracker:
         self._records = {}
         self._backlog = 0
         self._inline = set()
+        self._early = {}
         self._aside, self._aside_spans, self._aside_listed = [], 0, 0
         self._building = threading.RLock()  # held by a thread of the parent's at the fork, maybe
 
@@ -365,8 +369,8 @@ class Tracker:
         try:
             record.early_at = len(record.sink) + EARLY_DRAIN_EVENTS  # not asked again at every batch meanwhile
             with self._wake:
-                self._requested += 1
-                self._wake.notify()
+                self._early[record] = None
+                self._wake.notify_all()  # notify() might wake a flush() waiting, not the tracker's thread
         except Exception:  # the interval's drain still comes
             self.processing_errors += 1
             logger.debug("otel_graph: could not ask for a drain", exc_info=True)
@@ -689,15 +693,22 @@ class Tracker:
 
     # -- the worker thread --------------------------------------------------------------
     def _run(self) -> None:
+        last_pass = time.monotonic()
         while True:
             with self._wake:
-                if self._requested == self._completed and not self._stopping:
-                    self._wake.wait(self._interval)
+                if self._requested == self._completed and not self._early and not self._stopping:
+                    self._wake.wait(max(0.0, last_pass + self._interval - time.monotonic()))
                 if self._stopping:
                     return
                 target = self._requested
-                records = list(self._records)
-            self.make_aside()
+                early, self._early = self._early, {}
+                # Asked for only by pool computes whose records pile up (_drain_soon): those alone.
+                # The others, and the computes set aside, keep to the interval and their own asks.
+                whole = target != self._completed or not early or time.monotonic() - last_pass >= self._interval
+                records = list(self._records) if whole else [r for r in early if r in self._records]
+            if whole:
+                last_pass = time.monotonic()
+                self.make_aside()
             for record in records:
                 with self._lock:
                     if not self._claim(record):  # drained inline by the thread that computed it
@@ -745,15 +756,14 @@ class Tracker:
         with self._building:
             taken = self._take(record)
         count = len(taken)
-        # A compute running on a pool: its threads get the GIL between slices (YIELD_SLICE).
-        pace = record.early_at is not None and record.end_ns is None
-        step = YIELD_SLICE if pace else EVENT_SLICE
+        # A compute running on a pool: its threads may take the GIL between slices (YIELD_SLICE).
+        step = YIELD_SLICE if record.early_at is not None and record.end_ns is None else EVENT_SLICE
         # Plain tuples until now (see task_runner.execute). Made TaskEvents a slice at a time,
         # so that those not kept die young: 10^5 at once outlived two collections, and
         # their promotion set off a full one (~0.1 s) on the tracker's drain.
         for start in range(0, count, step):
-            if pace and start:
-                time.sleep(0)  # lets go of the GIL: a thread waiting for it takes it
+            if start and step == YIELD_SLICE and record.end_ns is None:  # ended meanwhile: no one to yield to
+                time.sleep(0)  # lets go of the GIL: a pool thread asking for it may take it
             events = list(map(TaskEvent._make, taken[start:start + step]))
             with self._building:  # a slice's spans are queued before stop() can count them
                 if self._halt:
@@ -807,7 +817,7 @@ class Tracker:
         taken = sink[:count]
         del sink[:count]
         record.seen += count
-        if record.early_at is not None:
+        if record.early_at is not None:  # the sink is empty again: capture asks once it fills anew
             record.early_at = EARLY_DRAIN_EVENTS
         return taken
 
