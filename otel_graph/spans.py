@@ -55,6 +55,8 @@ MAX_DEPENDENCIES = 32
 
 
 MAX_FUNCTION_NAMES = 16
+#: Partials of partials looked through to name the function at the bottom.
+_MAX_PARTIALS = 32
 
 
 class _FunctionNames:
@@ -72,20 +74,22 @@ class _FunctionNames:
         #: callables, so most lookups end here. Weak, so that no callable is kept alive.
         self._seen: dict[int, tuple[Any, str]] = {}
 
-    def __call__(self, node: Any, known: dict[int, str] | None = None) -> str | None:
+    def __call__(self, node: Any, *, known: dict[int, str] | None = None) -> str | None:
         """``known``: names by callable id, for the nodes of one graph, which keeps them alive
         meanwhile (its blocks share callables that the weak cache cannot hold: NumPy's)."""
         if not isinstance(node, Task):
             return None
         names: list[str] = []
-        self._visit(node, names, 0, known)
+        self._visit(node, names, 0, known=known)
         return ", ".join(names) or None
 
-    def _name(self, func: Any, known: dict[int, str] | None = None) -> str:
+    def _name(self, func: Any, *, known: dict[int, str] | None) -> str:
         # A partial is named by its function (_named): known by that one's identity, it is found
-        # in the cache, where a graph's partials, made anew each compute, never were.
-        while type(func) is partial:
-            func = func.func
+        # in the cache, where a graph's partials, made anew each compute, never were. Bounded: a
+        # partial can be made its own function (its __setstate__ allows it).
+        unwrapped = 0
+        while type(func) is partial and unwrapped < _MAX_PARTIALS:
+            func, unwrapped = func.func, unwrapped + 1
         if known is not None:
             name = known.get(id(func))
             if name is not None:
@@ -109,8 +113,9 @@ class _FunctionNames:
     def _named(self, func: Any) -> str:
         # Keyed by the code's identity as text, never by the callable: a bound method or a
         # closure in the cache would keep the user's objects (a model, a dataset) alive.
-        while type(func) is partial:  # funcname names a partial by its function: so is it cached
-            func = func.func
+        unwrapped = 0
+        while type(func) is partial and unwrapped < _MAX_PARTIALS:  # funcname names a partial by its function
+            func, unwrapped = func.func, unwrapped + 1
         module, qualname = getattr(func, "__module__", None), getattr(func, "__qualname__", None)
         if not (isinstance(module, str) and isinstance(qualname, str)):
             return safe_text(funcname(func))
@@ -122,7 +127,7 @@ class _FunctionNames:
                 self._names[key] = name
         return name
 
-    def _visit(self, value: Any, names: list[str], depth: int, known: dict[int, str] | None) -> None:
+    def _visit(self, value: Any, names: list[str], depth: int, *, known: dict[int, str] | None) -> None:
         # Only tasks and containers can hold functions: other values are not visited at all
         # (a call each cost an array reduction's spans a third of their making).
         if len(names) >= MAX_FUNCTION_NAMES or depth > 32:
@@ -132,30 +137,30 @@ class _FunctionNames:
             if func is _execute_subgraph and args and (type(args[0]) is dict or isinstance(args[0], Mapping)):
                 for inner in args[0].values():
                     if isinstance(inner, _HOLDERS):
-                        self._visit(inner, names, depth + 1, known)
+                        self._visit(inner, names, depth + 1, known=known)
                 return
             for arg in args:
                 if isinstance(arg, _HOLDERS):
-                    self._visit(arg, names, depth + 1, known)
+                    self._visit(arg, names, depth + 1, known=known)
             if value.kwargs:
                 for arg in value.kwargs.values():
                     if isinstance(arg, _HOLDERS):
-                        self._visit(arg, names, depth + 1, known)
+                        self._visit(arg, names, depth + 1, known=known)
             # Containers (a List node, or the plain Task that builds one) are structure, not code.
             # A plain Task is none: known without NestedContainer's isinstance, Python code (an ABC).
             if (type(value) is Task or not isinstance(value, NestedContainer)) and func is not _identity_cast:
                 try:
                     if type(func) is Compose:  # toolz.compose (Dask's reductions): the functions it chains
                         for inner in (func.first, *func.funcs)[:MAX_FUNCTION_NAMES - len(names)]:
-                            names.append(self._name(inner, known))
+                            names.append(self._name(inner, known=known))
                     else:
-                        names.append(self._name(func, known))
+                        names.append(self._name(func, known=known))
                 except Exception:
                     return
         else:  # a list or a tuple
             for item in value:
                 if isinstance(item, _HOLDERS):
-                    self._visit(item, names, depth + 1, known)
+                    self._visit(item, names, depth + 1, known=known)
 
 
 #: What may hold a function to name: a task, or a container of them.
@@ -228,7 +233,7 @@ def task_facts(key: Any, graph: Mapping | None, state: Mapping | None, *, keep: 
         dependents = len(state["dependents"].get(key, ()))
         if keep:
             deps = tuple(deps) if deps else ()
-    return deps, dependents, None if graph is None else function_names(graph.get(key), known)
+    return deps, dependents, None if graph is None else function_names(graph.get(key), known=known)
 
 
 def task_attributes(ev: TaskEvent, prefix: str, graph: Mapping | None, state: Mapping | None) -> dict[str, Any]:

@@ -328,3 +328,22 @@ def test_closing_an_in_process_cluster_leaves_the_process_s_exporter_backing_off
             watchdog.cancel()
             proc.kill()
             proc.communicate(timeout=60)
+
+
+def test_a_partial_made_its_own_function_is_named_without_hanging():
+    # A partial's __setstate__ lets it be its own function; naming walks partials down to a
+    # function, and must stop. (Calling one crashes Python itself: only naming is tried here.)
+    import threading
+    from functools import partial
+
+    from dask._task_spec import Task
+
+    from otel_graph.spans import function_names
+
+    looped = partial(print)
+    looped.__setstate__((looped, (), {}, None))
+    named: list[object] = []
+    worker = threading.Thread(target=lambda: named.append(function_names(Task("x", looped, 1))), daemon=True)
+    worker.start()
+    worker.join(10)
+    assert not worker.is_alive() and len(named) == 1
