@@ -109,9 +109,12 @@ def start_compute_span(emitter: Any, name: str, *, start_ns: int, attributes: di
         decision = emitter.sampler.should_sample(context, trace_id, name, SpanKind.INTERNAL, attributes, ())
         sampled, recording = decision.decision.is_sampled(), decision.decision.is_recording()
         trace_state, attributes = decision.trace_state, dict(decision.attributes or {})
-    if draws and _AS_TUPLE:  # ids valid by construction: the tuple SpanContext() would make, without its checks
+    if draws and _AS_TUPLE:
+        # The tuple SpanContext() would make, without its checks: the ids are valid (drawn non-zero,
+        # or the SDK generator's; a parent's trace id was checked valid above).
+        state = _NO_STATE if trace_state is None else trace_state
         span_context = _tuple_new(SpanContext, (trace_id, _getrandbits(64) or ids.generate_span_id(), False,
-                                                _FLAGS[sampled, random], _NO_STATE if trace_state is None else trace_state, True))
+                                                _FLAGS[sampled, random], state, True))
     else:
         span_context = SpanContext(trace_id, (draws and _getrandbits(64)) or ids.generate_span_id(), is_remote=False,
                                    trace_flags=_FLAGS[sampled, random], trace_state=trace_state)

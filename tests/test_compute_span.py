@@ -252,3 +252,25 @@ def test_the_context_helpers_follow_a_runtime_context_put_in_place_later(monkeyp
         assert current_context() is context.get_current()
     finally:
         context.detach(theirs)
+
+
+def test_a_root_under_a_parent_with_trace_state_has_the_context_the_sdk_gives() -> None:
+    """Made as the tuple it is (the layout checked at import holds for this release), a root's
+    context under a remote parent with trace state equals the SDK's but for its span id."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState, set_span_in_context
+
+    from otel_graph.compute_span import _AS_TUPLE, start_compute_span
+    from otel_graph.spans import DirectEmitter
+
+    assert _AS_TUPLE  # else a release changed SpanContext's layout: the constructor is used
+    provider = TracerProvider()
+    parent = SpanContext(0xABCDEF, 0x1234, True, TraceFlags(TraceFlags.SAMPLED), TraceState([("vendor", "on")]))
+    under = set_span_in_context(NonRecordingSpan(parent))
+    ours = start_compute_span(DirectEmitter(provider, InstrumentationScope("test")), "dask.compute", start_ns=1,
+                              attributes={}, context=under).get_span_context()
+    sdk = provider.get_tracer("test").start_span("dask.compute", context=under).get_span_context()
+    assert type(ours) is SpanContext and ours.is_valid and not ours.is_remote
+    assert (ours.trace_id, ours.trace_flags, ours.trace_state) == (sdk.trace_id, sdk.trace_flags, sdk.trace_state)
+    assert ours.trace_state is parent.trace_state and ours.span_id not in (0, parent.span_id)

@@ -506,25 +506,81 @@ def test_a_compute_the_tracker_drained_while_it_was_being_set_aside_is_not_made_
 
 
 def test_each_task_of_a_compute_set_aside_is_named_by_its_own_callable() -> None:
-    """Callables no weak reference can be made to (builtins, NumPy's functions) are named once
-    per graph, by their identity while the graph holds them: each task still gets its own."""
+    """Callables no weak reference can be made to (NumPy's ufuncs and functions, operator's
+    getters) are named once per graph, by their identity while the graph holds them: each task
+    still gets its own name, and a later graph's callables are not taken for an earlier one's."""
+    import operator
+    import weakref
+    from functools import partial
+
+    import numpy as np
+
     from otel_graph.tracker import Tracker
 
+    first = [np.add, np.sum, operator.itemgetter(0), partial(np.multiply, 1), np.add]
+    second = [np.subtract, np.mean, operator.attrgetter("real"), partial(np.divide, 1)]
+    for func in first + second:
+        with pytest.raises(TypeError):  # or the weak cache would name them, not the one under test
+            weakref.ref(func.func if isinstance(func, partial) else func)
     encoded = Encoded()
     tracker: Tracker = _tracker(encoded)
-    funcs = [max, min, sum, max, len]  # builtins: no weak reference can be made to them
-    graph = {f"k{i}-1": Task(f"k{i}-1", func, [1, 2]) for i, func in enumerate(funcs)}
-    try:
+
+    def compute(funcs: list[Any], tag: str) -> None:
+        graph = {f"{tag}{i}-1": Task(f"{tag}{i}-1", func, [1, 2]) for i, func in enumerate(funcs)}
         record = tracker.begin("sync")
         assert record is not None and record.inline
         record.graph, record.state = graph, start_state_from_dask(graph)
         record.submitted = len(graph)
         record.sink.extend((key, 1, 2, 1, 1, 8, "int", None) for key in graph)
         tracker.end(record, None)
+
+    try:
+        compute(first, "a")
+        compute(second, "b")
         assert tracker.flush(5)
     finally:
         tracker.stop(5)
     spans = encode_spans_fast(encoded.spans).resource_spans[0].scope_spans[0].spans
     named = {attributes["dask.task.key"]: attributes["code.function.name"] for attributes in
              ({kv.key: kv.value.string_value for kv in span.attributes} for span in spans if span.name != "dask.compute")}
-    assert named == {f"k{i}-1": func.__name__ for i, func in enumerate(funcs)}
+    from dask.utils import funcname
+
+    expected = {f"{tag}{i}-1": funcname(func) for tag, funcs in (("a", first), ("b", second))
+                for i, func in enumerate(funcs)}
+    assert len(set(expected.values())) == 8 and named == expected
+
+
+def test_a_pool_computes_early_drain_leaves_the_computes_set_aside_to_their_batch() -> None:
+    """A running pool compute asking for a drain (its records pile up) gets that one drained:
+    the small computes other threads set aside still wait for their batch of ASIDE_COMPUTES,
+    and nothing else is drained at the pool's pace."""
+    import time
+
+    from otel_graph.tracker import EARLY_DRAIN_EVENTS, Tracker
+
+    encoded = Encoded()
+    tracker: Tracker = _tracker(encoded, drain_interval_s=3600)
+    try:
+        small = tracker.begin("sync")
+        assert small is not None
+        small.submitted = 1
+        small.sink.append(("small-1", 1, 2, 1, 1, 8, "int", None))
+        tracker.end(small, None)
+        assert tracker.unprocessed() == 2 and not encoded.spans  # set aside: a root and a task span
+
+        pool = tracker.begin("threads")
+        assert pool is not None and pool.early_at == EARLY_DRAIN_EVENTS and pool.drain_soon is not None
+        pool.submitted = EARLY_DRAIN_EVENTS + 10
+        pool.sink.extend((f"pool-{i}", 1, 2, 1, 1, 8, "int", None) for i in range(EARLY_DRAIN_EVENTS + 10))
+        pool.drain_soon(pool)
+        deadline = time.monotonic() + 10
+        while pool.seen < EARLY_DRAIN_EVENTS + 10 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pool.seen == EARLY_DRAIN_EVENTS + 10
+        assert _names(encoded.spans) == ["pool"] * (EARLY_DRAIN_EVENTS + 10)  # its task spans, made while it runs
+        assert tracker.unprocessed() == 3  # the one set aside (two spans), still waiting for its batch; the root
+        tracker.end(pool, None)
+        assert tracker.flush(5)
+    finally:
+        assert tracker.stop(5) == 0
+    assert sorted(set(_names(encoded.spans))) == ["dask.compute", "pool", "small"]
