@@ -391,3 +391,28 @@ def test_the_failed_keys_a_worker_remembers_for_retries_stay_bounded(telemetry, 
     # Every failed run still has its span, with its error.
     errors = [s for s in telemetry.spans() if s.attributes.get("dask.task.prefix") == "fails"]
     assert len(errors) == 20 and all(s.status.status_code.name == "ERROR" for s in errors)
+
+
+def shift_clock_estimate(x: int) -> int:
+    # A heartbeat while the task runs: the worker's estimate of the scheduler's clock moves.
+    from distributed import get_worker
+
+    get_worker().scheduler_delay -= 5.0
+    return x + 1
+
+
+def test_a_task_span_ends_before_its_compute_when_the_clock_estimate_moves(telemetry, client):
+    # The worker stamps a task with the delay of when it began: read with the moved one, it
+    # would end 5 s late, after the compute that waited for it.
+    worker = next(iter(client.cluster.workers.values()))
+    before = worker.scheduler_delay
+    try:
+        started = time.time_ns()
+        assert client.submit(shift_clock_estimate, 1, workers=[worker.address], pure=False).result() == 2
+        ended = time.time_ns()
+    finally:
+        worker.scheduler_delay = before
+    (root,) = telemetry.roots()
+    (task,) = telemetry.children(root)
+    assert task.name == "shift_clock_estimate"
+    assert started <= task.start_time <= task.end_time <= min(root.end_time, ended)

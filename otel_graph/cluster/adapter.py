@@ -106,6 +106,9 @@ def task_run(worker: Any, key: Any, *, note: Any, address: str) -> TaskRun | Non
     ts = worker.state.tasks.get(key)
     if ts is None:
         return None
+    from distributed.metrics import time as worker_time  # the clock distributed stamps startstops with
+
+    now = worker_time()
     delay = getattr(worker, "scheduler_delay", 0.0) or 0.0
     start = end = None
     # startstops is one list across retries of the task: keep the phases that led up to
@@ -127,6 +130,14 @@ def task_run(worker: Any, key: Any, *, note: Any, address: str) -> TaskRun | Non
     phases = leading + since
     if start is None:
         return None  # it never ran here (cancelled before executing)
+    # The worker stamped the compute with the scheduler_delay of when it began; a heartbeat may
+    # have changed it since. Read as ending after now, it ended that much earlier: else its
+    # span could end after the compute that waited for it (the client's root of a persist).
+    excess = end - now
+    if excess > 0:
+        start, end, shift = start - excess, end - excess, _ns(excess)
+        phases = [p if p.action in ("disk-read", "disk-write") else
+                  p._replace(start_ns=p.start_ns - shift, end_ns=p.end_ns - shift) for p in phases]
     annotations = ts.annotations or {}
     dependencies = ts.dependencies
     return TaskRun(
