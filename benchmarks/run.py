@@ -10,7 +10,8 @@ process, against an OTLP/gRPC receiver running in *another* process:
 * ``threads-2k``: 2,000 tasks sleeping 1 ms on the threads scheduler (4 workers);
   including the final flush (and reported for the compute alone). Bar: <= 1.03x.
 
-Each figure is the median of ``--repeat`` runs. Usage::
+Each figure is the median of ``--repeat`` runs, each from a collected heap (``gc.collect()``,
+untimed, before each run either way). Usage::
 
     python benchmarks/run.py [--repeat 3] [--tasks 100000] [--json out.json]
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import gc
 import json
 import os
 import statistics
@@ -74,6 +76,7 @@ class Receiver:
 
 
 def timed(fn: Callable[[], object]) -> float:
+    gc.collect()  # see measure()
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
@@ -89,6 +92,10 @@ def measure(name: str, work: Callable[[], object], *, options: dict, repeat: int
         base.append(timed(work))
         receiver.ask("clear")
         handle = otel_graph.instrument_scheduler(**options)
+        # Each run starts from a collected heap, either way: a full collection here walks the
+        # 100k-task graph (~45 ms, 8% of threads-2k), and one owed to earlier runs landed in
+        # whichever run came next. Collections a run's own allocations cause are timed with it.
+        gc.collect()
         start = time.perf_counter()
         work()
         inst_compute.append(time.perf_counter() - start)
