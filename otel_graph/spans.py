@@ -112,10 +112,8 @@ class _FunctionNames:
 
     def _named(self, func: Any) -> str:
         # Keyed by the code's identity as text, never by the callable: a bound method or a
-        # closure in the cache would keep the user's objects (a model, a dataset) alive.
-        unwrapped = 0
-        while type(func) is partial and unwrapped < _MAX_PARTIALS:  # funcname names a partial by its function
-            func, unwrapped = func.func, unwrapped + 1
+        # closure in the cache would keep the user's objects (a model, a dataset) alive. Partials
+        # are unwrapped already (_name).
         module, qualname = getattr(func, "__module__", None), getattr(func, "__qualname__", None)
         if not (isinstance(module, str) and isinstance(qualname, str)):
             return safe_text(funcname(func))
