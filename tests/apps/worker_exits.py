@@ -277,8 +277,11 @@ def scenario_reconnect(address: str) -> None:
     print_workers(client)
     print("RESULT_BEFORE", client.get(sum_graph("before"), "total-before"), flush=True)
     print("READY", flush=True)
+    before = set(client.scheduler_info(n_workers=-1)["workers"])
     sys.stdin.readline()  # meanwhile the scheduler and its workers are replaced
-    client.wait_for_workers(2, timeout=DEADLINE_S)
+    # Not wait_for_workers alone: until the client has reconnected it may still count the old two.
+    wait_until(lambda: len(set(client.scheduler_info(n_workers=-1)["workers"]) - before) >= 2,
+               "the new scheduler's workers")
     print_workers(client)
     print("RESULT_AFTER", client.get(sum_graph("after"), "total-after"), flush=True)
     print("FLUSHED", handle.flush(timeout_s=30), flush=True)
