@@ -8,6 +8,7 @@ ReadableSpan the generic path makes of the same record.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import pytest
@@ -176,11 +177,8 @@ def test_spans_queued_together_that_a_processor_refuses_are_each_counted(caplog:
                       metrics=TaskMetrics(NoOpMeter("test")), max_task_spans=None, drain_interval_s=0.05)
     try:
         with caplog.at_level("WARNING", logger="otel_graph"):
-            record = tracker.begin("sync")
-            assert record is not None and record.inline
-            record.submitted = 3
-            record.sink.extend((f"inc-{i}", 1, 2, 1, 1, 28, "int", None) for i in range(3))
-            tracker.end(record, None)  # set aside, being small: its four spans are queued together
+            # set aside, being small: its four spans are queued together
+            assert _ended(tracker, ((f"inc-{i}", 1, 2, 1, 1, 28, "int", None) for i in range(3))).inline
             assert tracker.flush(5)
         assert tracker.span_errors == 4
         assert not refusing.spans  # the root span went with them
@@ -221,11 +219,7 @@ def test_a_halt_while_small_computes_spans_are_made_queues_what_was_built() -> N
                       metrics=TaskMetrics(NoOpMeter("test")), max_task_spans=1000, drain_interval_s=60)
     try:
         for _ in range(2):
-            record = tracker.begin("sync")
-            assert record is not None and record.inline
-            record.submitted = 5
-            record.sink.extend((f"k-{i}", 1, 2, 1, 1, 8, "int", None) for i in range(5))
-            tracker.end(record, None)
+            assert _ended(tracker, ((f"k-{i}", 1, 2, 1, 1, 8, "int", None) for i in range(5))).inline
         assert tracker.unprocessed() == 12 and not encoded.spans  # set aside, both
         tracker.flush(5)
         assert len(encoded.spans) == 6  # the first, made as the halt landed, and queued
@@ -250,6 +244,20 @@ def _names(spans: list[tuple[bytes, int]]) -> list[str]:
     return [span.name for span in encode_spans_fast(spans).resource_spans[0].scope_spans[0].spans]
 
 
+def _ended(tracker: Any, records: Iterable[tuple[Any, ...]], *, graph: dict | None = None) -> Any:
+    """A sync compute that ran ``records`` (TaskEvent's fields), recorded as capture records them,
+    with ``graph`` and Dask's state of it where given, then ended: its record."""
+    record = tracker.begin("sync")
+    assert record is not None
+    if graph is not None:
+        record.graph, record.state = graph, start_state_from_dask(graph)
+    records = list(records)
+    record.submitted = len(records)
+    record.sink.extend(records)
+    tracker.end(record, None)
+    return record
+
+
 def test_a_prefix_first_seen_in_a_small_compute_names_its_spans(monkeypatch: pytest.MonkeyPatch) -> None:
     """The span names of a compute drained whole are asked as its prefixes are admitted to the
     metrics, task by task, failed tasks too: a prefix the process never saw names its spans
@@ -259,12 +267,8 @@ def test_a_prefix_first_seen_in_a_small_compute_names_its_spans(monkeypatch: pyt
     encoded = Encoded()
     tracker = _tracker(encoded)
     try:
-        record = tracker.begin("sync")
-        assert record is not None and record.inline
-        record.submitted = 3
-        record.sink.extend([("fresh-1", 1, 2, 1, 1, 8, "int", None), ("fresh-2", 1, 2, 1, 1, 8, "int", None),
-                            ("failing-1", 1, 2, 1, 1, -1, "", ErrorInfo("ValueError", "no", ""))])
-        tracker.end(record, None)
+        assert _ended(tracker, [("fresh-1", 1, 2, 1, 1, 8, "int", None), ("fresh-2", 1, 2, 1, 1, 8, "int", None),
+                                ("failing-1", 1, 2, 1, 1, -1, "", ErrorInfo("ValueError", "no", ""))]).inline
         assert sorted(_names(encoded.spans)) == ["dask.compute", "failing", "fresh", "fresh"]
     finally:
         tracker.stop(5)
@@ -273,12 +277,9 @@ def test_a_prefix_first_seen_in_a_small_compute_names_its_spans(monkeypatch: pyt
     encoded = Encoded()
     tracker = _tracker(encoded)
     try:
-        record = tracker.begin("sync")
-        assert record is not None
-        record.submitted = 2  # the failed task's prefix comes first, and takes the one place
-        record.sink.extend([("failing-1", 1, 2, 1, 1, -1, "", ErrorInfo("ValueError", "no", "")),
-                            ("fresh-1", 1, 2, 1, 1, 8, "int", None)])
-        tracker.end(record, None)
+        # the failed task's prefix comes first, and takes the one place
+        _ended(tracker, [("failing-1", 1, 2, 1, 1, -1, "", ErrorInfo("ValueError", "no", "")),
+                         ("fresh-1", 1, 2, 1, 1, 8, "int", None)])
         assert sorted(_names(encoded.spans)) == ["(other prefixes)", "dask.compute", "failing"]
     finally:
         tracker.stop(5)
@@ -306,11 +307,8 @@ def test_a_large_computes_slices_are_queued_once_each_even_when_one_is_refused(
     tracker = _tracker(refusing, max_task_spans=None)
     try:
         with caplog.at_level("WARNING", logger="otel_graph"):
-            record = tracker.begin("sync")
-            assert record is not None
-            record.submitted = 300
-            record.sink.extend((f"big-{i}", 1, 2, 1, 1, 8, "int", None) for i in range(300))
-            tracker.end(record, None)  # too large to drain here: the tracker's thread drains it
+            # too large to drain here: the tracker's thread drains it
+            _ended(tracker, ((f"big-{i}", 1, 2, 1, 1, 8, "int", None) for i in range(300)))
             assert tracker.flush(10)
         names = _names(refusing.spans)
         keys = [attribute.value.string_value for span in encode_spans_fast(refusing.spans).resource_spans[0]
@@ -341,11 +339,7 @@ def test_a_large_computes_spans_are_queued_a_few_hundred_at_a_time(monkeypatch: 
     sizes = Sizes()
     tracker = _tracker(sizes, max_task_spans=None)
     try:
-        record = tracker.begin("sync")
-        assert record is not None
-        record.submitted = 200
-        record.sink.extend((f"big-{i}", 1, 2, 1, 1, 8, "int", None) for i in range(200))
-        tracker.end(record, None)
+        _ended(tracker, ((f"big-{i}", 1, 2, 1, 1, 8, "int", None) for i in range(200)))
         assert tracker.flush(10)
         assert sum(sizes.sizes) == 201 and max(sizes.sizes) <= 30 and len(sizes.spans) == 201
     finally:
@@ -400,11 +394,7 @@ def test_small_computes_set_aside_are_made_by_a_flush_and_at_stop() -> None:
                       max_task_spans=1000, drain_interval_s=3600)
 
     def compute(tasks: int) -> None:
-        record = tracker.begin("sync")
-        assert record is not None and record.inline
-        record.submitted = tasks
-        record.sink.extend((f"k-{i}", 1, 2, 1, 1, 8, "int", None) for i in range(tasks))
-        tracker.end(record, None)
+        assert _ended(tracker, ((f"k-{i}", 1, 2, 1, 1, 8, "int", None) for i in range(tasks))).inline
 
     try:
         for _ in range(ASIDE_COMPUTES - 1):
@@ -431,11 +421,7 @@ def test_a_small_compute_past_half_the_span_budget_is_not_set_aside_a_span_a_tas
     encoded = Encoded()
     tracker = _tracker(encoded, max_task_spans=4, drain_interval_s=3600)
     try:
-        record = tracker.begin("sync")
-        assert record is not None and record.inline
-        record.submitted = 10
-        record.sink.extend((f"k-{i}", 1, 2 + i, 1, 1, 8, "int", None) for i in range(10))
-        tracker.end(record, None)
+        assert _ended(tracker, ((f"k-{i}", 1, 2 + i, 1, 1, 8, "int", None) for i in range(10))).inline
         assert tracker.flush(5)
     finally:
         tracker.stop(5)
@@ -452,11 +438,7 @@ def test_computes_set_aside_go_to_the_processors_there_when_they_ended() -> None
     tracker = _tracker(first, drain_interval_s=3600)
 
     def compute() -> None:
-        record = tracker.begin("sync")
-        assert record is not None and record.inline
-        record.submitted = 1
-        record.sink.append(("k-1", 1, 2, 1, 1, 8, "int", None))
-        tracker.end(record, None)
+        assert _ended(tracker, [("k-1", 1, 2, 1, 1, 8, "int", None)]).inline
 
     try:
         compute()
@@ -527,12 +509,7 @@ def test_each_task_of_a_compute_set_aside_is_named_by_its_own_callable() -> None
 
     def compute(funcs: list[Any], tag: str) -> None:
         graph = {f"{tag}{i}-1": Task(f"{tag}{i}-1", func, [1, 2]) for i, func in enumerate(funcs)}
-        record = tracker.begin("sync")
-        assert record is not None and record.inline
-        record.graph, record.state = graph, start_state_from_dask(graph)
-        record.submitted = len(graph)
-        record.sink.extend((key, 1, 2, 1, 1, 8, "int", None) for key in graph)
-        tracker.end(record, None)
+        assert _ended(tracker, ((key, 1, 2, 1, 1, 8, "int", None) for key in graph), graph=graph).inline
 
     try:
         compute(first, "a")
@@ -561,11 +538,7 @@ def test_a_pool_computes_early_drain_leaves_the_computes_set_aside_to_their_batc
     encoded = Encoded()
     tracker: Tracker = _tracker(encoded, drain_interval_s=3600)
     try:
-        small = tracker.begin("sync")
-        assert small is not None
-        small.submitted = 1
-        small.sink.append(("small-1", 1, 2, 1, 1, 8, "int", None))
-        tracker.end(small, None)
+        _ended(tracker, [("small-1", 1, 2, 1, 1, 8, "int", None)])
         assert tracker.unprocessed() == 2 and not encoded.spans  # set aside: a root and a task span
 
         pool = tracker.begin("threads")
