@@ -173,7 +173,7 @@ def test_any_key_becomes_bounded_utf8_text(key):
     prefix.encode("utf-8")
 
 
-_KEY_WORDS = st.sampled_from(["inc", "x", "", "_(x)", "abcdefab", "5f3c", "Hello", "é", "<a.b object at 0x1", "a,b",
+_KEY_WORDS = st.sampled_from(["inc", "x", "", "_(x)", "abcdefab", "5f3c", "d6770bcb", "ab", "fa12", "Hello", "é", "<a.b object at 0x1", "a,b",
                                 "ae05086432ca935f6eba409a8ecd4896", "1", "-", "x" * 200, "ünï", "(x"])
 
 
