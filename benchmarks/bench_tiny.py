@@ -16,7 +16,8 @@ registered, alternating, in this one process:
   otel_graph instrumenting every test's schedulers (``tests/peer/otel_graph_peer.py``),
   exporting over OTLP/gRPC to the same receiver. Bar: <= 1.10x.
 
-Each tiny figure is the median of ``--repeat`` rounds, the suite's of ``--suite-repeat`` runs.
+Each tiny ratio is the median over ``--repeat`` rounds of a way's time over the plain time
+of the same round (``run.paired_ratio``), the suite's likewise over ``--suite-repeat`` runs.
 Each round starts from a collected heap (``gc.collect()``, untimed): a full collection costs
 30-40 ms here, 5% of a round, and one owed to the rounds before would land in whichever round
 came next. Collections a round's own allocations cause are timed with it. Usage::
@@ -43,7 +44,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from run import Receiver  # noqa: E402
+from run import Receiver, paired_ratio  # noqa: E402
 
 #: The dask test modules of ``dask-suite``: the local schedulers, delayed, bag, array core.
 DASK_SUITE = ("dask.tests.test_local", "dask.tests.test_threaded", "dask.tests.test_multiprocessing",
@@ -92,14 +93,13 @@ def measure(name: str, work: Callable[[], object], *, computes: int, repeat: int
     for round_ in range(repeat):
         for way in order[round_ % 3:] + order[:round_ % 3]:  # each way first in turn: no order favoured
             times[way].append(ways[way]())
-    plain = times["plain"]
-    base = statistics.median(plain)
     each = {way: statistics.median(took) for way, took in times.items()}
     us = {key: value / computes * 1e6 for key, value in each.items()}
     return {
-        "workload": name, "bar": bar, "ratio": each["otel_graph"] / base,
+        "workload": name, "bar": bar, "ratio": paired_ratio(times["otel_graph"], times["plain"]),
         "detail": (f"{us['plain']:.0f} µs plain, {us['otel_graph']:.0f} µs with otel_graph a compute "
-                   f"(+{us['otel_graph'] - us['plain']:.0f} µs); Profiler {each['profiler'] / base:.3f}×"),
+                   f"(+{us['otel_graph'] - us['plain']:.0f} µs); Profiler "
+                   f"{paired_ratio(times['profiler'], times['plain']):.3f}×"),
     }
 
 
@@ -124,14 +124,14 @@ def dask_suite(repeat: int, endpoint: str) -> dict:
     summary = run.stdout.strip().splitlines()[-1]
     stats = json.loads(Path(traced_env["OTEL_GRAPH_PEER_STATS"]).read_text())
     base = statistics.median(plain)
-    return {"workload": "dask-suite", "bar": 1.10, "ratio": statistics.median(traced) / base,
+    return {"workload": "dask-suite", "bar": 1.10, "ratio": paired_ratio(traced, plain),
             "detail": (f"{base:.0f} s plain, {statistics.median(traced):.0f} s instrumented ({summary}; "
                        f"{stats['spans_exported']:,} spans exported, {stats['spans_undelivered']} undelivered, a run)")}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--repeat", type=int, default=7, help="rounds of each tiny workload (medians)")
+    parser.add_argument("--repeat", type=int, default=11, help="rounds of each tiny workload")
     parser.add_argument("--suite-repeat", type=int, default=2, help="runs of dask's suite, each way")
     parser.add_argument("--dask-suite", action="store_true", help="also time dask's own tests (a few minutes)")
     parser.add_argument("--json", help="write the rows here")

@@ -10,8 +10,9 @@ process, against an OTLP/gRPC receiver running in *another* process:
 * ``threads-2k``: 2,000 tasks sleeping 1 ms on the threads scheduler (4 workers);
   including the final flush (and reported for the compute alone). Bar: <= 1.03x.
 
-Each figure is the median of ``--repeat`` runs, each from a collected heap (``gc.collect()``,
-untimed, before each run either way). Usage::
+Each run starts from a collected heap (``gc.collect()``, untimed, either way). A ratio is
+:func:`paired_ratio`'s: the median over ``--repeat`` rounds of the instrumented run's time
+over the plain run's just before it. Usage::
 
     python benchmarks/run.py [--repeat 3] [--tasks 100000] [--json out.json]
 """
@@ -75,6 +76,16 @@ class Receiver:
         self._proc.wait(10)
 
 
+def paired_ratio(runs: list[float], plain: list[float]) -> float:
+    """The median over rounds of a run's time over the plain run's of the same round.
+
+    This machine's speed drifts by tens of percent over seconds (other tenants of its host);
+    a round's two runs, back to back, see nearly the same machine, where the medians of each
+    way, taken apart, can pair a slow stretch of one with a fast stretch of the other.
+    """
+    return statistics.median(run / base for run, base in zip(runs, plain, strict=True))
+
+
 def timed(fn: Callable[[], object]) -> float:
     gc.collect()  # see measure()
     start = time.perf_counter()
@@ -112,8 +123,8 @@ def measure(name: str, work: Callable[[], object], *, options: dict, repeat: int
         "bar": bar,
         "baseline_s": statistics.median(base),
         "instrumented_s": statistics.median(inst),
-        "ratio": statistics.median(inst) / statistics.median(base),
-        "ratio_compute_only": statistics.median(inst_compute) / statistics.median(base),
+        "ratio": paired_ratio(inst, base),
+        "ratio_compute_only": paired_ratio(inst_compute, base),
     }
     row["detail"] = f"compute alone {row['ratio_compute_only']:.3f}×"
     if expect_spans is not None:
