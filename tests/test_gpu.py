@@ -1,7 +1,9 @@
 """GPU readings: NVML's functions are replaced to simulate two devices on a machine with none."""
 from __future__ import annotations
 
+import ctypes
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -231,3 +233,31 @@ def test_real_nvml_gives_no_points_and_no_error_without_a_gpu(fresh_nvml, reader
     has_gpus = not gpu_status().startswith("disabled")
     assert bool(collect(reader)) == has_gpus
     assert reading_errors() == before
+
+
+WITHOUT_DRIVER = """
+import sys
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from otel_graph.gpu import gpu_status, observe_gpus
+reader = InMemoryMetricReader()
+provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
+observe_gpus(provider.get_meter("t"))
+reader.get_metrics_data()
+print(gpu_status())
+print("pynvml" in sys.modules)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the driver is looked for by name on Linux only")
+def test_without_nvidia_s_driver_pynvml_is_never_imported():
+    # A fresh interpreter: this module imported pynvml already.
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        pass
+    else:
+        pytest.skip("this machine has NVIDIA's driver")
+    out = subprocess.run([sys.executable, "-c", WITHOUT_DRIVER], capture_output=True, text=True, timeout=60,
+                         check=True).stdout.splitlines()
+    assert out == ["disabled: NVML library not found", "False"]
