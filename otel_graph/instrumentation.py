@@ -224,7 +224,8 @@ class Instrumentation:
                                 metrics=self._instruments.task_metrics,
                                 max_task_spans=settings.max_task_spans,
                                 drain_interval_s=settings.drain_interval_s,
-                                progress_interval_s=settings.progress_interval_s)
+                                progress_interval_s=settings.progress_interval_s,
+                                early_drain_tasks=settings.early_drain_tasks)
         self._capture = LocalCapture(self._tracker)
         # The provider's force_flush (OpenTelemetry's own way) makes the computes set aside too.
         self._flushed = [] if self._owned is None else list(self._owned.span_processors)

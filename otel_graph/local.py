@@ -23,8 +23,8 @@ callbacks for good. Wrapping per call keeps every compute, from any thread, trac
 
 In-process executors (sync, threads) append events straight to the compute's list;
 process pools send them back attached to the batch's result list. On a pool (threads or
-processes), once ``tracker.EARLY_DRAIN_EVENTS`` events wait, capture asks the tracker to
-drain them while the compute runs (``record.drain_soon``).
+processes), once ``OTEL_GRAPH_EARLY_DRAIN`` events wait (``record.early_at``), capture asks the
+tracker to drain them while the compute runs (``record.drain_soon``).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def _run_local(record: ComputeRecord, batch: list) -> list:
     finally:
         if token is not None:
             detach_context(token)
-            # A pool's thread: the tracker drains the compute while it runs (tracker.EARLY_DRAIN_EVENTS).
+            # A pool's thread: the tracker drains the compute while it runs (OTEL_GRAPH_EARLY_DRAIN).
             if record.early_at is not None and len(record.sink) >= record.early_at:
                 record.drain_soon(record)
     return out

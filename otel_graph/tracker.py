@@ -45,6 +45,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import NonRecordingSpan, Status, StatusCode, TraceFlags
 
 from otel_graph.compute_span import ComputeSpan, start_compute_span
+from otel_graph.config import DEFAULT_EARLY_DRAIN_TASKS
 from otel_graph.events import TaskEvent, describe_exception, task_prefix
 from otel_graph.forks import forked_child_drops, stands_down
 from otel_graph.metrics import Run, TaskMetrics
@@ -106,10 +107,9 @@ PROGRESS_SPAN = "dask.compute.progress"
 #: Task events turned into TaskEvents and consumed at a time (see _drain).
 EVENT_SLICE = 2048
 #: A compute whose tasks run on a pool (threads, processes) has its task records drained while
-#: it runs once this many await the tracker, not only every ``drain_interval_s``: its threads
-#: sleep or wait on I/O much of the time, and the spans made then are not left for its end
-#: (2,000 tasks of 1 ms on 4 threads: a flush of 13 ms after the compute, then 8).
-EARLY_DRAIN_EVENTS = 256
+#: it runs once this many await the tracker, not only every ``drain_interval_s``
+#: (``OTEL_GRAPH_EARLY_DRAIN``; :data:`otel_graph.config.DEFAULT_EARLY_DRAIN_TASKS`).
+EARLY_DRAIN_EVENTS = DEFAULT_EARLY_DRAIN_TASKS
 #: ... in slices this small, the GIL handed back between them: a pool thread whose task ends
 #: meanwhile waits for one slice (tens of µs), not for the whole drain.
 YIELD_SLICE = 32
@@ -227,7 +227,9 @@ class ComputeRecord:
 class Tracker:
     def __init__(self, *, tracer: trace.Tracer, emitter: Any, metrics: TaskMetrics,
                  max_task_spans: int | None, drain_interval_s: float,
-                 progress_interval_s: float = 30.0) -> None:
+                 progress_interval_s: float = 30.0, early_drain_tasks: int | None = EARLY_DRAIN_EVENTS) -> None:
+        """``early_drain_tasks``: see :data:`EARLY_DRAIN_EVENTS` (None: pool computes too are
+        drained only every ``drain_interval_s``)."""
         self._tracer = tracer
         self._emitter = emitter
         # Only spans we hand to the SDK ourselves can take the ids given out while tasks ran.
@@ -262,6 +264,7 @@ class Tracker:
         self._whole_budget = INLINE_MAX_TASKS if max_task_spans is None else \
             min(INLINE_MAX_TASKS, max_task_spans - max_task_spans // 2)
         self._interval = drain_interval_s
+        self._early_events = early_drain_tasks
         self._progress_ns = int(progress_interval_s * 1e9)
         # Insertion-ordered and O(1) to find and forget: a tight loop of tiny computes can
         # leave thousands pending, and a list's scan per forget made draining them quadratic.
@@ -337,8 +340,8 @@ class Tracker:
                                            attributes={"dask.scheduler": scheduler})
         record = ComputeRecord(scheduler, span, start, assign_ids=self._assign_ids, context=context)
         record.inline = light
-        if scheduler == "threads" or scheduler == "processes":
-            record.early_at, record.drain_soon = EARLY_DRAIN_EVENTS, self._drain_soon
+        if (scheduler == "threads" or scheduler == "processes") and self._early_events is not None:
+            record.early_at, record.drain_soon = self._early_events, self._drain_soon
         with self._lock:
             self._records[record] = None
         return record
@@ -367,7 +370,7 @@ class Tracker:
         """Capture's ask, from a pool's thread, to drain a running compute now (:data:`EARLY_DRAIN_EVENTS`).
         Never raises into the task's thread."""
         try:
-            record.early_at = len(record.sink) + EARLY_DRAIN_EVENTS  # not asked again at every batch meanwhile
+            record.early_at = len(record.sink) + self._early_events  # not asked again at every batch meanwhile
             with self._wake:
                 self._early[record] = None
                 self._wake.notify_all()  # notify() might wake a flush() waiting, not the tracker's thread
@@ -808,8 +811,7 @@ class Tracker:
                 if batch:
                     self._queue_batch(batch)
 
-    @staticmethod
-    def _take(record: ComputeRecord) -> list[tuple[Any, ...]]:
+    def _take(self, record: ComputeRecord) -> list[tuple[Any, ...]]:
         """Under ``_building``: the events in the sink, now counted as seen (seen whenever
         not in the sink, for stop()'s count). Appends may land meanwhile; they stay."""
         sink = record.sink
@@ -818,7 +820,7 @@ class Tracker:
         del sink[:count]
         record.seen += count
         if record.early_at is not None:  # the sink is empty again: capture asks once it fills anew
-            record.early_at = EARLY_DRAIN_EVENTS
+            record.early_at = self._early_events
         return taken
 
     def _consume(self, record: ComputeRecord, plan: SpanPlan | None, events: list[TaskEvent]) -> None:

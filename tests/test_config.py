@@ -25,6 +25,8 @@ from otel_graph.config import ConfigurationError, check_sdk_environment, load_se
     ("OTEL_METRIC_EXPORT_INTERVAL", "-5", "> 0"),
     ("OTEL_METRIC_EXPORT_INTERVAL", "1e308", "at most 10^7"),
     ("OTEL_GRAPH_DRAIN_INTERVAL", "nan", "> 0"),
+    ("OTEL_GRAPH_EARLY_DRAIN", "soon", ">= 1, or unlimited"),
+    ("OTEL_GRAPH_EARLY_DRAIN", "0", ">= 1, or unlimited"),
     ("OTEL_GRAPH_PROGRESS_INTERVAL", "-inf", "> 0"),
     ("OTEL_EXPORTER_PROMETHEUS_PORT", "²", "1-65535"),
     ("OTEL_EXPORTER_OTLP_TIMEOUT", "soon", "> 0"),

@@ -89,6 +89,22 @@ def test_a_pool_computes_spans_are_made_while_it_runs(telemetry, scheduler, tmp_
     assert sorted(s.name for s in telemetry.children(root)) == ["early"] * tasks + ["late"]
 
 
+@pytest.mark.parametrize("telemetry", [{"drain_interval_s": 600, "early_drain_tasks": "unlimited"}], indirect=True)
+def test_early_drain_unlimited_leaves_a_pool_compute_to_the_interval(telemetry):
+    # OTEL_GRAPH_EARLY_DRAIN=unlimited: no span is made while the compute runs (with the default,
+    # the test above sees 256 within moments); all of them when it ends.
+    from otel_graph.tracker import EARLY_DRAIN_EVENTS
+
+    counting = _Counting("early", 1)
+    telemetry.tracer_provider.add_span_processor(counting)
+    tasks = 2 * EARLY_DRAIN_EVENTS
+    graph = {("early", i): (_early, i) for i in range(tasks)}
+    graph["late"] = (lambda *parts: counting.enough.wait(2), *graph)
+    assert dask.threaded.get(graph, "late") is False
+    (root,) = telemetry.roots()
+    assert sorted(s.name for s in telemetry.children(root)) == ["early"] * tasks + ["late"]
+
+
 def test_results_held_in_memory_are_gauged(telemetry):
     import numpy as np
 
