@@ -803,8 +803,8 @@ class Tracker:
             try:
                 runs = self._whole_tasks(record, taken, batch) if taken else None
                 if not self._halt:  # halted meanwhile: what is left stays counted as unbuilt
-                    self._end(record, None, batch, runs)
-                    runs = None  # recorded with the compute
+                    ended, runs = runs, None  # _end records them with the compute, once, whatever fails
+                    self._end(record, None, batch, ended)
             finally:
                 if runs:  # not ended (halted, or a failure): its tasks' runs still count
                     self._metrics.record_runs(runs)
@@ -977,28 +977,32 @@ class Tracker:
 
     def _end(self, record: ComputeRecord, plan: SpanPlan | None, batch: Any = None, runs: list[Run] | None = None
              ) -> None:
-        if plan is not None:
-            plan.finish()
-        span = record.span
-        if record.scheduler != "distributed":
-            span.set_attribute("dask.graph.tasks", record.seen)
-        elif record.graph_tasks is not None:
-            span.set_attribute("dask.graph.tasks", record.graph_tasks)
-        if record.submitted > record.seen:
-            span.set_attribute("dask.graph.tasks_lost", record.submitted - record.seen)
+        """The compute's aggregates, its root's attributes and end, its metrics with ``runs``
+        (recorded once, whatever raises before), and its record forgotten."""
         failed = record.error is not None
-        if failed:
-            info = describe_exception(record.error)
-            span.add_event("exception", exception_event_attributes(info), timestamp=record.end_ns)
-            span.set_attribute("error.type", info.type_name)
-            span.set_status(Status(StatusCode.ERROR, f"{info.type_name}: {info.message}"[:1024]))
-        if batch is not None and type(span) is ComputeSpan:
-            span.end(end_time=record.end_ns, into=batch)
-        else:
-            span.end(end_time=record.end_ns)
-        if record.outer:
-            _end_outer(record, record.end_ns)
-        self._metrics.record_compute((record.end_ns - record.start_ns) / 1e9, record.scheduler, failed, runs=runs)
+        try:
+            if plan is not None:
+                plan.finish()
+            span = record.span
+            if record.scheduler != "distributed":
+                span.set_attribute("dask.graph.tasks", record.seen)
+            elif record.graph_tasks is not None:
+                span.set_attribute("dask.graph.tasks", record.graph_tasks)
+            if record.submitted > record.seen:
+                span.set_attribute("dask.graph.tasks_lost", record.submitted - record.seen)
+            if failed:
+                info = describe_exception(record.error)
+                span.add_event("exception", exception_event_attributes(info), timestamp=record.end_ns)
+                span.set_attribute("error.type", info.type_name)
+                span.set_status(Status(StatusCode.ERROR, f"{info.type_name}: {info.message}"[:1024]))
+            if batch is not None and type(span) is ComputeSpan:
+                span.end(end_time=record.end_ns, into=batch)
+            else:
+                span.end(end_time=record.end_ns)
+            if record.outer:
+                _end_outer(record, record.end_ns)
+        finally:
+            self._metrics.record_compute((record.end_ns - record.start_ns) / 1e9, record.scheduler, failed, runs=runs)
         self._forget(record)
 
     def _abandon(self, record: ComputeRecord) -> None:

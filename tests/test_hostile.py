@@ -362,3 +362,74 @@ def test_a_partial_made_its_own_function_is_named_without_hanging():
     worker.start()
     worker.join(10)
     assert not worker.is_alive() and len(named) == 1
+
+
+RAISING_COMPUTE_HISTOGRAM = """
+import dask
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+import otel_graph
+
+
+class RaisingHistogram:
+    def record(self, *args, **kwargs):
+        raise RuntimeError("an application's histogram that raises")
+
+
+class Meter:
+    def __init__(self, inner):
+        self._inner = inner
+
+    def create_histogram(self, name, *args, **kwargs):
+        made = self._inner.create_histogram(name, *args, **kwargs)
+        return RaisingHistogram() if name == "dask.compute.duration" else made
+
+    def __getattr__(self, attribute):
+        return getattr(self._inner, attribute)
+
+
+class Provider:
+    def __init__(self, inner):
+        self._inner = inner
+
+    def get_meter(self, *args, **kwargs):
+        return Meter(self._inner.get_meter(*args, **kwargs))
+
+
+def boom(x):
+    raise ValueError("boom")
+
+
+reader = InMemoryMetricReader()
+meters = MeterProvider(metric_readers=[reader])
+# Spans through otel_graph's own SDK (encoded as they are made), metrics through the application's.
+handle = otel_graph.instrument_scheduler(meter_provider=Provider(meters), resources=False)
+try:
+    dask.get({"a": (abs, -1), "b": (abs, "a"), "c": (boom, "b")}, "c")
+except ValueError:
+    pass
+print("FLUSHED", handle.flush(timeout_s=10))
+counts = {point.attributes["dask.task.prefix"]: point.count
+          for resource in reader.get_metrics_data().resource_metrics
+          for scope in resource.scope_metrics for metric in scope.metrics
+          if metric.name == "dask.task.duration" for point in metric.data.data_points}
+print("COUNTS", sorted(counts.items()))
+"""
+
+
+def test_a_compute_histogram_that_raises_leaves_each_task_run_counted_once():
+    # A compute's duration is recorded after its task runs, in one fold: that raising must
+    # neither lose the runs nor record them a second time.
+    with OtlpReceiver() as receiver:
+        env = subprocess_env(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.grpc_endpoint, OTEL_SERVICE_NAME="raising",
+                             OTEL_METRICS_EXPORTER="none")
+        proc = subprocess.run([sys.executable, "-c", RAISING_COMPUTE_HISTOGRAM], env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert line(proc, "FLUSHED") == "True", proc.stdout
+        assert line(proc, "COUNTS") == "[('a', 1), ('b', 1), ('c', 1)]", proc.stdout
+        # The compute's root still ended, once.
+        assert receiver.wait_for(lambda r: any(s["name"] == "dask.compute" for s in r.spans()), timeout_s=10)
+        roots = [s for s in receiver.spans() if s["name"] == "dask.compute"]
+        assert len(roots) == 1
