@@ -231,7 +231,13 @@ def task_facts(key: Any, graph: Mapping | None, state: Mapping | None, *, keep: 
         dependents = len(state["dependents"].get(key, ()))
         if keep:
             deps = tuple(deps) if deps else ()
-    return deps, dependents, None if graph is None else function_names(graph.get(key), known=known)
+    if graph is None:
+        return deps, dependents, None
+    try:
+        functions = function_names(graph.get(key), known=known)
+    except Exception:  # a node that cannot be walked: its span says nothing of its code, and the rest stands
+        functions = None
+    return deps, dependents, functions
 
 
 def task_attributes(ev: TaskEvent, prefix: str, graph: Mapping | None, state: Mapping | None) -> dict[str, Any]:

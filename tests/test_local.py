@@ -47,6 +47,28 @@ def test_one_trace_per_compute_with_a_span_per_task(telemetry, scheduler):
         assert span.status.status_code == StatusCode.UNSET
 
 
+def test_a_graph_node_that_cannot_be_walked_keeps_its_span_without_its_function(telemetry, monkeypatch):
+    # Naming a node's functions walks user data (nested tasks, containers); a walk that raises
+    # costs that span its code.function.name, not the span, nor the compute's other spans.
+    from otel_graph import spans
+
+    walk = spans.function_names
+
+    def naming(node, *, known=None):
+        if getattr(node, "key", None) == "y":
+            raise RuntimeError("a node that cannot be walked")
+        return walk(node, known=known)
+
+    monkeypatch.setattr(spans, "function_names", naming)
+    assert compute(DSK, "z", "sync") == 12
+    (root,) = telemetry.roots()
+    tasks = {s.attributes["dask.task.key"]: s for s in telemetry.children(root)}
+    assert set(tasks) == {"y", "z"}
+    assert "code.function.name" not in tasks["y"].attributes
+    assert tasks["y"].attributes["dask.task.dependent_count"] == 1
+    assert tasks["z"].attributes["code.function.name"] == "add"
+
+
 def test_span_name_is_the_prefix_never_the_key(telemetry):
     graph = {("load-abc123", i): (inc, i) for i in range(3)}
     dask.get(graph, list(graph))
