@@ -233,8 +233,7 @@ class Instrumentation:
             processor.before_flush = self._tracker.make_aside
         self._cluster: Any = None
         try:
-            if client is not None or "distributed" in sys.modules:
-                self._cluster = _cluster_capture(self._tracker, settings, client=client)
+            self._cluster = _cluster_capture(self._tracker, settings, client=client)
             # Both or neither: a call that raises must leave Dask as it was, and nothing running.
             self._capture.install()
             if self._cluster is not None:
@@ -248,23 +247,6 @@ class Instrumentation:
             self._unhook_flush()
             raise
         self._live = True
-        if self._cluster is None and "distributed" not in sys.modules:
-            _capture_clusters_once_imported()
-
-    def _add_cluster_capture(self) -> None:
-        """dask.distributed was imported after this handle was made: its capture, installed now
-        (under ``_Process.lock``). Never raises into the import that got here."""
-        if not self._live or self._cluster is not None:
-            return
-        try:
-            cluster = _cluster_capture(self._tracker, self.settings, client=None)
-            if cluster is not None:
-                cluster.install()
-        except Exception as exc:  # the user's import goes on; their clusters are untraced
-            logger.warning("otel_graph: could not instrument dask.distributed as it was imported (%s: %s); "
-                           "its clusters are not traced, Dask's local schedulers are", type(exc).__name__, exc)
-            return
-        self._cluster = cluster
 
     # -- public ----------------------------------------------------------------------------
     def flush(self, timeout_s: float | None = None) -> bool:
@@ -421,38 +403,8 @@ def _cluster_capture(tracker: Tracker, settings: Settings, *, client: Any) -> An
 
 
 def _distributed_available() -> bool:
+    # Imported when installed (about 0.3 s, once): Clients made later must be caught too.
     return "distributed" in sys.modules or importlib.util.find_spec("distributed") is not None
-
-
-#: Whether the hook of :func:`_capture_clusters_once_imported` is in place (once per process).
-_CLUSTER_HOOK = False
-
-
-def _capture_clusters_once_imported() -> None:
-    """Instrument dask.distributed when, and if, the application imports it.
-
-    Importing it as soon as it is installed would give a process that only uses Dask's
-    local schedulers its import time and some 24,000 more objects, which every full garbage
-    collection of the user's own computes then walks (10^5 no-op tasks on the sync
-    scheduler, instrumented, each in a fresh process: 3.20 against 3.13 s). wrapt's
-    post-import hook (OpenTelemetry's instrumentations use the same) runs
-    :func:`_distributed_imported` once its top-level package has loaded, before any Client
-    can be made; the live handle at that moment gets the capture.
-    """
-    global _CLUSTER_HOOK
-    if _CLUSTER_HOOK or importlib.util.find_spec("distributed") is None:
-        return
-    from wrapt import register_post_import_hook
-
-    _CLUSTER_HOOK = True
-    register_post_import_hook(_distributed_imported, "distributed")
-
-
-def _distributed_imported(module: Any) -> None:
-    with _Process.lock:
-        handle = _Process.live
-        if isinstance(handle, Instrumentation):
-            handle._add_cluster_capture()
 
 
 def live_providers() -> Providers | None:

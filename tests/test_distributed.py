@@ -129,27 +129,6 @@ def test_every_task_on_every_worker_joins_one_trace(receiver, order):
     assert stats["spans_exported"] >= 22 and stats["spans_undelivered"] == 0
 
 
-def test_dask_distributed_imported_after_instrumenting_is_traced(receiver):
-    # instrument_scheduler() leaves dask.distributed unimported (a process using only the local
-    # schedulers should not carry it), and instruments it when the application imports it.
-    proc = subprocess.run([sys.executable, str(APP.parent / "late_cluster.py")], env=env_for(receiver),
-                          capture_output=True, text=True, timeout=120)
-    app = App(proc)
-    assert app.returncode == 0, app.stderr[-4000:]
-    assert app.value("DISTRIBUTED_AT_INSTRUMENT") == "False"
-    assert app.value("LOCAL") == "2"
-    assert app.value("RESULT") == str(sum(range(1, 21)))
-    assert app.value("FLUSHED") == "True"
-    root, spans = trace_of(receiver, expect_tasks=21)
-    assert root["attributes"]["dask.scheduler"] == "distributed"
-    assert sorted(s["attributes"]["dask.task.key"] for s in task_spans(spans, root)) == sorted(
-        [f"inc-{i}" for i in range(20)] + ["total"])
-    # The local compute made before the import is traced too, in a trace of its own.
-    (local,) = [s for s in receiver.spans() if s["name"] == "dask.compute"
-                and s["attributes"]["dask.scheduler"] == "sync"]
-    assert local["trace_id"] != root["trace_id"]
-
-
 def test_task_metrics_and_readings_come_from_every_worker(receiver):
     app = run_app("--flush", env=env_for(receiver))
     workers = set(app.value("WORKERS").split())
