@@ -168,6 +168,15 @@ _HOLDERS = (Task, list, tuple)
 function_names = _FunctionNames()
 
 
+def names_of(node: Any, *, known: dict[int, str] | None = None) -> str | None:
+    """:data:`function_names` of a graph node, or None where it cannot be walked (naming walks
+    user data: nested tasks, containers): its span says nothing of its code, and stands."""
+    try:
+        return function_names(node, known=known)
+    except Exception:
+        return None
+
+
 @lru_cache(maxsize=4096)
 def _worker_id(worker: int | str) -> str:
     return str(worker)
@@ -231,13 +240,7 @@ def task_facts(key: Any, graph: Mapping | None, state: Mapping | None, *, keep: 
         dependents = len(state["dependents"].get(key, ()))
         if keep:
             deps = tuple(deps) if deps else ()
-    if graph is None:
-        return deps, dependents, None
-    try:
-        functions = function_names(graph.get(key), known=known)
-    except Exception:  # a node that cannot be walked: its span says nothing of its code, and the rest stands
-        functions = None
-    return deps, dependents, functions
+    return deps, dependents, None if graph is None else names_of(graph.get(key), known=known)
 
 
 def task_attributes(ev: TaskEvent, prefix: str, graph: Mapping | None, state: Mapping | None) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Computes in flight, and the one background thread that turns their task records into telemetry.
 
 Capture records a :class:`~otel_graph.events.TaskEvent` per task into its compute's
-list, and on a pool asks for a drain once :data:`EARLY_DRAIN_EVENTS` of them wait; nothing
+list, and on a pool asks for a drain once ``OTEL_GRAPH_EARLY_DRAIN`` of them wait; nothing
 more. This module owns everything after that:
 
 * :meth:`Tracker.begin` opens the ``dask.compute`` root span, a child of the caller's
@@ -18,7 +18,7 @@ more. This module owns everything after that:
   ended compute has reported, emits its aggregates and ends its root span with
   ``dask.graph.tasks``. Running computes are drained every ``drain_interval_s`` so that a
   long job's spans reach the collector while it runs, and one whose tasks run on a pool
-  also whenever :data:`EARLY_DRAIN_EVENTS` of its task records wait: its threads are idle
+  also whenever ``OTEL_GRAPH_EARLY_DRAIN`` of its task records wait: its threads are idle
   often enough for its spans to be made and exported before it returns;
 * a compute still running gets ``dask.compute.progress`` spans, children of its root:
   the first once it has run :data:`FIRST_PROGRESS_NS`, covering its run so far, then one
@@ -106,10 +106,6 @@ PROGRESS_SPANS_PER_STEP = 100
 PROGRESS_SPAN = "dask.compute.progress"
 #: Task events turned into TaskEvents and consumed at a time (see _drain).
 EVENT_SLICE = 2048
-#: A compute whose tasks run on a pool (threads, processes) has its task records drained while
-#: it runs once this many await the tracker, not only every ``drain_interval_s``
-#: (``OTEL_GRAPH_EARLY_DRAIN``; :data:`otel_graph.config.DEFAULT_EARLY_DRAIN_TASKS`).
-EARLY_DRAIN_EVENTS = DEFAULT_EARLY_DRAIN_TASKS
 #: ... in slices this small, the GIL handed back between them: a pool thread whose task ends
 #: meanwhile waits for one slice (tens of µs), not for the whole drain.
 YIELD_SLICE = 32
@@ -184,7 +180,7 @@ class ComputeRecord:
         #: end): where they are encoded, to be queued together (or None).
         self.batch: Any = None
         #: Task records awaiting the tracker at which capture asks it to drain this compute while
-        #: it runs (``drain_soon()``; :data:`EARLY_DRAIN_EVENTS`); None: only every interval.
+        #: it runs (``drain_soon()``; ``OTEL_GRAPH_EARLY_DRAIN``); None: only every interval.
         self.early_at: int | None = None
         self.drain_soon: Callable[[ComputeRecord], None] | None = None
 
@@ -227,9 +223,10 @@ class ComputeRecord:
 class Tracker:
     def __init__(self, *, tracer: trace.Tracer, emitter: Any, metrics: TaskMetrics,
                  max_task_spans: int | None, drain_interval_s: float,
-                 progress_interval_s: float = 30.0, early_drain_tasks: int | None = EARLY_DRAIN_EVENTS) -> None:
-        """``early_drain_tasks``: see :data:`EARLY_DRAIN_EVENTS` (None: pool computes too are
-        drained only every ``drain_interval_s``)."""
+                 progress_interval_s: float = 30.0, early_drain_tasks: int | None = DEFAULT_EARLY_DRAIN_TASKS) -> None:
+        """``early_drain_tasks``: the task records awaiting the tracker at which a compute on a pool
+        (threads, processes) is drained while it runs, not only every ``drain_interval_s``
+        (``OTEL_GRAPH_EARLY_DRAIN``); None: only every ``drain_interval_s``."""
         self._tracer = tracer
         self._emitter = emitter
         # Only spans we hand to the SDK ourselves can take the ids given out while tasks ran.
@@ -367,7 +364,7 @@ class Tracker:
             self._wake.notify()
 
     def _drain_soon(self, record: ComputeRecord) -> None:
-        """Capture's ask, from a pool's thread, to drain a running compute now (:data:`EARLY_DRAIN_EVENTS`).
+        """Capture's ask, from a pool's thread, to drain a running compute now (``OTEL_GRAPH_EARLY_DRAIN``).
         Never raises into the task's thread."""
         try:
             record.early_at = len(record.sink) + self._early_events  # not asked again at every batch meanwhile
@@ -1002,7 +999,12 @@ class Tracker:
             if record.outer:
                 _end_outer(record, record.end_ns)
         finally:
-            self._metrics.record_compute((record.end_ns - record.start_ns) / 1e9, record.scheduler, failed, runs=runs)
+            try:
+                self._metrics.record_compute((record.end_ns - record.start_ns) / 1e9, record.scheduler, failed,
+                                             runs=runs)
+            except Exception:  # an application's instrument: counted, and the compute still leaves
+                self.processing_errors += 1
+                logger.debug("otel_graph: failed to record a compute's metrics", exc_info=True)
         self._forget(record)
 
     def _abandon(self, record: ComputeRecord) -> None:

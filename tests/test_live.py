@@ -69,9 +69,9 @@ def _wait_for_file(path: str, *parts: int) -> bool:
 @pytest.mark.parametrize("scheduler", ["threads", "processes"])
 @pytest.mark.parametrize("telemetry", [{"drain_interval_s": 600}], indirect=True)
 def test_a_pool_computes_spans_are_made_while_it_runs(telemetry, scheduler, tmp_path):
-    # Not at the next drain interval (600 s): once EARLY_DRAIN_EVENTS task records await the
+    # Not at the next drain interval (600 s): once OTEL_GRAPH_EARLY_DRAIN (256) task records await the
     # tracker. The last task waits, inside the compute, for that many spans to have ended.
-    from otel_graph.tracker import EARLY_DRAIN_EVENTS
+    from otel_graph.config import DEFAULT_EARLY_DRAIN_TASKS as EARLY_DRAIN_EVENTS
 
     counting = _Counting("early", EARLY_DRAIN_EVENTS)
     telemetry.tracer_provider.add_span_processor(counting)
@@ -93,13 +93,13 @@ def test_a_pool_computes_spans_are_made_while_it_runs(telemetry, scheduler, tmp_
 def test_early_drain_unlimited_leaves_a_pool_compute_to_the_interval(telemetry):
     # OTEL_GRAPH_EARLY_DRAIN=unlimited: no span is made while the compute runs (with the default,
     # the test above sees 256 within moments); all of them when it ends.
-    from otel_graph.tracker import EARLY_DRAIN_EVENTS
+    from otel_graph.config import DEFAULT_EARLY_DRAIN_TASKS as EARLY_DRAIN_EVENTS
 
     counting = _Counting("early", 1)
     telemetry.tracer_provider.add_span_processor(counting)
     tasks = 2 * EARLY_DRAIN_EVENTS
     graph = {("early", i): (_early, i) for i in range(tasks)}
-    graph["late"] = (lambda *parts: counting.enough.wait(2), *graph)
+    graph["late"] = (lambda *parts: counting.enough.wait(1), *graph)
     assert dask.threaded.get(graph, "late") is False
     (root,) = telemetry.roots()
     assert sorted(s.name for s in telemetry.children(root)) == ["early"] * tasks + ["late"]

@@ -533,7 +533,8 @@ def test_a_pool_computes_early_drain_leaves_the_computes_set_aside_to_their_batc
     and nothing else is drained at the pool's pace."""
     import time
 
-    from otel_graph.tracker import EARLY_DRAIN_EVENTS, Tracker
+    from otel_graph.config import DEFAULT_EARLY_DRAIN_TASKS as EARLY_DRAIN_EVENTS
+    from otel_graph.tracker import Tracker
 
     encoded = Encoded()
     tracker: Tracker = _tracker(encoded, drain_interval_s=3600)
