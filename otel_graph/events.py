@@ -71,6 +71,14 @@ class TaskEvent(NamedTuple):
         return self.end_ns - self.start_ns
 
 
+#: A task record's fields by position, where a record (a plain tuple of TaskEvent's fields)
+#: is read without being made a TaskEvent: on the hot path, one made per task was a call and
+#: an object a task.
+AT_KEY, AT_START, AT_END, AT_WORKER, AT_THREAD, AT_NBYTES, AT_TYPE, AT_ERROR = (
+    TaskEvent._fields.index(name)
+    for name in ("key", "start_ns", "end_ns", "worker", "thread", "nbytes", "type_name", "error"))
+
+
 def safe_text(text: str) -> str:
     """``text``, made encodable as UTF-8: lone surrogates (from ``os.fsdecode``, a
     ``surrogateescape`` decode, or a hostile ``__str__``) are shown escaped.

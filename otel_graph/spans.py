@@ -44,8 +44,8 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode, TraceFlags
 from toolz.functoolz import Compose
 
-from otel_graph.events import (INT64_MAX, MAX_KEY_CHARS, OTHER_PREFIXES, ErrorInfo, TaskEvent, key_to_str, safe_text,
-                               task_prefix)
+from otel_graph.events import (AT_END, AT_ERROR, AT_KEY, AT_NBYTES, AT_START, INT64_MAX, MAX_KEY_CHARS, OTHER_PREFIXES,
+                               ErrorInfo, TaskEvent, key_to_str, safe_text, task_prefix)
 from otel_graph.policy import Aggregate
 
 if TYPE_CHECKING:
@@ -240,7 +240,12 @@ def task_facts(key: Any, graph: Mapping | None, state: Mapping | None, *, keep: 
         dependents = len(state["dependents"].get(key, ()))
         if keep:
             deps = tuple(deps) if deps else ()
-    return deps, dependents, None if graph is None else names_of(graph.get(key), known=known)
+    if graph is None:
+        return deps, dependents, None
+    try:  # names_of's, inline: a call a task fewer
+        return deps, dependents, function_names(graph.get(key), known=known)
+    except Exception:
+        return deps, dependents, None
 
 
 def task_attributes(ev: TaskEvent, prefix: str, graph: Mapping | None, state: Mapping | None) -> dict[str, Any]:
@@ -530,20 +535,21 @@ class EncodedBatch(list):  # type: ignore[type-arg]
         span_id, make, append = self.emitter._random.getrandbits, TaskEvent._make, self.append
         runs: list[Run] = []
         left: list[tuple[TaskEvent, str]] = []
+        # A record is read by position (events.AT_*), made a TaskEvent only if left out.
         for task, facts in tasks:
-            ev = make(task)
-            prefix = task_prefix(ev.key)
+            prefix = task_prefix(task[AT_KEY])
             labelled = label(prefix)
-            failed = ev.error is not None
-            runs.append((labelled, scheduler, failed, ev.end_ns - ev.start_ns, ev.nbytes))
+            failed = task[AT_ERROR] is not None
+            start, end = task[AT_START], task[AT_END]
+            runs.append((labelled, scheduler, failed, end - start, task[AT_NBYTES]))
             if failed:
-                left.append((ev, prefix))
+                left.append((make(task), prefix))
                 continue
             try:  # add_task's body, inlined: a call a task cost a small compute's spans a tenth more
                 entry = child_entry(parent, span_id(64) or 1, OTHER_PREFIXES if labelled is None else prefix,
-                                    ev.start_ns, ev.end_ns, encode(ev, prefix, facts, memo), memo)
+                                    start, end, encode(task, prefix, facts, memo), memo)
             except Exception:  # noqa: BLE001 - made the generic way, which says what it left out
-                left.append((ev, prefix))
+                left.append((make(task), prefix))
                 continue
             append((entry, origin))
         return runs, left

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from otel_graph.events import INT64_MAX
+from otel_graph.events import AT_KEY, AT_NBYTES, AT_THREAD, AT_TYPE, AT_WORKER, INT64_MAX
 from otel_graph.otlp_fast import attribute_head, encoded_attribute, encoded_attributes, keyed_string
 from otel_graph.spans import (MAX_DEPENDENCIES, TaskFacts, _type_text, _worker_id, dependency_keys, key_text,
                                task_facts)
@@ -53,16 +53,17 @@ class TaskAttributeEncoder:
         return self.encode(ev, prefix, task_facts(ev.key, graph, state), memo)
 
     def encode(self, ev: Any, prefix: str, facts: TaskFacts, memo: Any) -> bytes:
-        """:meth:`__call__`, given what the graph and Dask's state say of the task (:func:`task_facts`)."""
-        key = ev.key
-        parts = [keyed_string(_KEY_HEAD, key_text(key))]
-        where = self._where.get((prefix, ev.worker, ev.thread, ev.type_name))
+        """:meth:`__call__`, given what the graph and Dask's state say of the task (:func:`task_facts`).
+        ``ev`` is a TaskEvent or a plain task record: read by position (events.AT_*)."""
+        parts = [keyed_string(_KEY_HEAD, key_text(ev[AT_KEY]))]
+        worker, thread, type_name = ev[AT_WORKER], ev[AT_THREAD], ev[AT_TYPE]
+        where = self._where.get((prefix, worker, thread, type_name))
         if where is None:
-            where = _remember(self._where, (prefix, ev.worker, ev.thread, ev.type_name), encoded_attributes({
-                "dask.task.prefix": prefix, "dask.worker.id": _worker_id(ev.worker), "thread.id": ev.thread,
-                "dask.task.type": _type_text(ev.type_name)}, memo))
+            where = _remember(self._where, (prefix, worker, thread, type_name), encoded_attributes({
+                "dask.task.prefix": prefix, "dask.worker.id": _worker_id(worker), "thread.id": thread,
+                "dask.task.type": _type_text(type_name)}, memo))
         parts.append(where)
-        nbytes = ev.nbytes
+        nbytes = ev[AT_NBYTES]
         if 0 <= nbytes <= INT64_MAX:
             size = self._sizes.get(nbytes)
             if size is None:

@@ -46,7 +46,7 @@ from opentelemetry.trace import NonRecordingSpan, Status, StatusCode, TraceFlags
 
 from otel_graph.compute_span import ComputeSpan, start_compute_span
 from otel_graph.config import DEFAULT_EARLY_DRAIN_TASKS
-from otel_graph.events import TaskEvent, describe_exception, task_prefix
+from otel_graph.events import AT_ERROR, TaskEvent, describe_exception, task_prefix
 from otel_graph.forks import forked_child_drops, stands_down
 from otel_graph.metrics import Run, TaskMetrics
 from otel_graph.policy import Aggregate, SpanPlan
@@ -68,7 +68,6 @@ from otel_graph.task_encoding import TaskAttributeEncoder
 logger = logging.getLogger("otel_graph")
 _get_ident = threading.get_ident
 _SAMPLED = TraceFlags.SAMPLED
-_ERROR = TaskEvent._fields.index("error")
 
 #: How long an ended compute waits for tasks still running when it failed; those
 #: tasks' results are discarded by Dask, and past this we stop waiting for their records.
@@ -416,7 +415,7 @@ class Tracker:
             facts = []
             known: dict[int, str] = {}  # the graph's callables, named once (it keeps them alive meanwhile)
             for raw in sink:  # a loop, not a comprehension: no call of its own
-                if raw[_ERROR] is not None:
+                if raw[AT_ERROR] is not None:
                     return False
                 facts.append((raw, task_facts(raw[0], graph, state, keep=True, known=known)))
             tasks = tuple(facts)
