@@ -87,19 +87,23 @@ class _FunctionNames:
         # A partial is named by its function (_named): known by that one's identity, it is found
         # in the cache, where a graph's partials, made anew each compute, never were. Bounded: a
         # partial can be made its own function (its __setstate__ allows it).
-        unwrapped = 0
+        given, unwrapped = func, 0
         while type(func) is partial and unwrapped < _MAX_PARTIALS:
             func, unwrapped = func.func, unwrapped + 1
         if known is not None:
             name = known.get(id(func))
             if name is not None:
+                known[id(given)] = name  # the partial too: _visit finds it without this call
                 return name
         seen = self._seen.get(id(func))
         if seen is not None and seen[0]() is func:  # not another callable since given its id
-            return seen[1]
+            name = seen[1]
+            if known is not None:
+                known[id(given)] = name
+            return name
         name = self._named(func)
         if known is not None:
-            known[id(func)] = name
+            known[id(func)] = known[id(given)] = name
         if type(func).__weakrefoffset__:  # a weak reference can be made to it
             try:
                 ref = weakref.ref(func)
@@ -152,7 +156,10 @@ class _FunctionNames:
                         for inner in (func.first, *func.funcs)[:MAX_FUNCTION_NAMES - len(names)]:
                             names.append(self._name(inner, known=known))
                     else:
-                        names.append(self._name(func, known=known))
+                        # A callable this graph named already (a block's, shared by its siblings):
+                        # _name's first look, without the call.
+                        name = None if known is None else known.get(id(func))
+                        names.append(self._name(func, known=known) if name is None else name)
                 except Exception:
                     return
         else:  # a list or a tuple
