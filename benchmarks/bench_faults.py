@@ -35,8 +35,8 @@ counters; the receiver says what it stored.
 
 Each round runs every scenario once per workload, back to back, so drift on a noisy
 machine falls on all of them alike. Figures are medians over ``--repeat`` rounds; a ratio
-is the median over rounds of a run's time over the ``plain`` run's of the same round (the
-ratio of the medians, as ``benchmarks/run.py`` takes it, is in the JSON too); exit latency
+is the median over rounds of a run's time over the ``plain`` run's of the same round, as
+``benchmarks/run.py`` takes it (the ratio of the medians is in the JSON too); exit latency
 is also given as its maximum, because the bar holds per process. A scenario that comes
 back (``flap``, ``back-late``) stops and restarts the receiver on its port, since a
 connection that is refused, and the reconnection that follows, is what a real restart costs.

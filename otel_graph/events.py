@@ -72,8 +72,8 @@ class TaskEvent(NamedTuple):
 
 
 #: A task record's fields by position, where a record (a plain tuple of TaskEvent's fields)
-#: is read without being made a TaskEvent: on the hot path, one made per task was a call and
-#: an object a task.
+#: is read without being made a TaskEvent: on the hot path, making one per task costs a call
+#: and an object.
 AT_KEY, AT_START, AT_END, AT_WORKER, AT_THREAD, AT_NBYTES, AT_TYPE, AT_ERROR = (
     TaskEvent._fields.index(name)
     for name in ("key", "start_ns", "end_ns", "worker", "thread", "nbytes", "type_name", "error"))

@@ -93,12 +93,13 @@ class _FunctionNames:
         if known is not None:
             name = known.get(id(func))
             if name is not None:
-                known[id(given)] = name  # the partial too: _visit finds it without this call
+                if given is not func:  # the partial too: _visit finds it without this call
+                    known[id(given)] = name
                 return name
         seen = self._seen.get(id(func))
         if seen is not None and seen[0]() is func:  # not another callable since given its id
             name = seen[1]
-            if known is not None:
+            if known is not None and given is not func:
                 known[id(given)] = name
             return name
         name = self._named(func)
@@ -249,7 +250,8 @@ def task_facts(key: Any, graph: Mapping | None, state: Mapping | None, *, keep: 
             deps = tuple(deps) if deps else ()
     if graph is None:
         return deps, dependents, None
-    try:  # names_of's, inline: a call a task fewer
+    try:  # names_of's, inline (keep in step), saving a call a task; a graph that cannot be read
+        # for the key (a hostile Mapping) costs the names only, too
         return deps, dependents, function_names(graph.get(key), known=known)
     except Exception:
         return deps, dependents, None

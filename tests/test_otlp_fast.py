@@ -641,3 +641,25 @@ def test_a_keyed_string_is_the_generic_attribute_byte_for_byte(length: int) -> N
     for text in ("k" * length, "ü" * (length // 2)):
         for name in ("dask.task.key", "a" * 120):
             assert keyed_string(attribute_head(name), text) == encoded_attribute(name, text, new_memo())
+
+
+@pytest.mark.parametrize("name", ["inc", "", "ünï", "x" * 300])
+@pytest.mark.parametrize("times", [(10, 20), (0, 20), (10, 0), (None, None)])
+@pytest.mark.parametrize("attribute_bytes", [0, 100, 16_300, 20_000])
+def test_a_child_entry_is_the_span_entry_of_the_same_span(name, times, attribute_bytes) -> None:
+    """child_entry writes a task span's fields itself (name, times, the entry's length): the
+    same bytes as span_entry for the same span, memo warm or cold, and entries long enough for
+    each length encoding (one byte, two, more)."""
+    from otel_graph.otlp_fast import child_entry, encoded_attributes, new_memo, span_entry
+
+    start, end = times
+    attributes = {"dask.task.key": "k" * attribute_bytes} if attribute_bytes else {}
+    for parent in (_context(0xFEED, 0xBEEF), SpanContext(0xFEED, 0xBEEF, is_remote=True, trace_flags=TraceFlags(1),
+                                                          trace_state=TraceState([("vendor", "v")]))):
+        child = SpanContext(parent.trace_id, 0x1234, is_remote=False, trace_flags=parent.trace_flags,
+                            trace_state=parent.trace_state)
+        expected = span_entry(child, parent, name, SpanKind.INTERNAL, start, end, attributes, (), (),
+                              Status(StatusCode.UNSET), new_memo())
+        memo = new_memo()
+        for _ in range(2):  # the second time from the memo
+            assert child_entry(parent, 0x1234, name, start, end, encoded_attributes(attributes, memo), memo) == expected
