@@ -76,11 +76,16 @@ class _FunctionNames:
 
     def __call__(self, node: Any, *, known: dict[int, str] | None = None) -> str | None:
         """``known``: names by callable id, for the nodes of one graph, which keeps them alive
-        meanwhile (its blocks share callables that the weak cache cannot hold: NumPy's)."""
+        meanwhile (its blocks share callables that the weak cache cannot hold: NumPy's).
+        Never raises: a node that cannot be walked (the walk reads user data: nested tasks,
+        containers) is named None, and its span says nothing of its code."""
         if not isinstance(node, Task):
             return None
         names: list[str] = []
-        self._visit(node, names, 0, known=known)
+        try:
+            self._visit(node, names, 0, known=known)
+        except Exception:
+            return None
         return ", ".join(names) or None
 
     def _name(self, func: Any, *, known: dict[int, str] | None) -> str:
@@ -176,14 +181,6 @@ _HOLDERS = (Task, list, tuple)
 function_names = _FunctionNames()
 
 
-def names_of(node: Any, *, known: dict[int, str] | None = None) -> str | None:
-    """:data:`function_names` of a graph node, or None where it cannot be walked (naming walks
-    user data: nested tasks, containers): its span says nothing of its code, and stands."""
-    try:
-        return function_names(node, known=known)
-    except Exception:
-        return None
-
 
 @lru_cache(maxsize=4096)
 def _worker_id(worker: int | str) -> str:
@@ -248,13 +245,7 @@ def task_facts(key: Any, graph: Mapping | None, state: Mapping | None, *, keep: 
         dependents = len(state["dependents"].get(key, ()))
         if keep:
             deps = tuple(deps) if deps else ()
-    if graph is None:
-        return deps, dependents, None
-    try:  # names_of's, inline (keep in step), saving a call a task; a graph that cannot be read
-        # for the key (a hostile Mapping) costs the names only, too
-        return deps, dependents, function_names(graph.get(key), known=known)
-    except Exception:
-        return deps, dependents, None
+    return deps, dependents, None if graph is None else function_names(graph.get(key), known=known)
 
 
 def task_attributes(ev: TaskEvent, prefix: str, graph: Mapping | None, state: Mapping | None) -> dict[str, Any]:

@@ -52,14 +52,14 @@ def test_a_graph_node_that_cannot_be_walked_keeps_its_span_without_its_function(
     # costs that span its code.function.name, not the span, nor the compute's other spans.
     from otel_graph import spans
 
-    walk = spans.function_names
+    walk = spans._FunctionNames._visit
 
-    def naming(node, *, known=None):
-        if getattr(node, "key", None) == "y":
+    def visit(self, value, names, depth, *, known):
+        if getattr(value, "key", None) == "y":
             raise RuntimeError("a node that cannot be walked")
-        return walk(node, known=known)
+        return walk(self, value, names, depth, known=known)
 
-    monkeypatch.setattr(spans, "function_names", naming)
+    monkeypatch.setattr(spans._FunctionNames, "_visit", visit)
     assert compute(DSK, "z", "sync") == 12
     (root,) = telemetry.roots()
     tasks = {s.attributes["dask.task.key"]: s for s in telemetry.children(root)}

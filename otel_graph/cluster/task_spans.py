@@ -41,7 +41,7 @@ from otel_graph.cluster.process import _count_deliveries, _next_session, _Proces
 from otel_graph.cluster.propagation import awaiting_notes, budget_of, parent_span, take_note, traceparent_of
 from otel_graph.events import task_prefix
 from otel_graph.policy import Aggregate, SpanPlan
-from otel_graph.spans import aggregate_attributes, key_text, names_of, run_attributes
+from otel_graph.spans import aggregate_attributes, function_names, key_text, run_attributes
 
 logger = logging.getLogger("otel_graph")
 
@@ -393,7 +393,7 @@ class WorkerTelemetry:
         attributes["dask.task.dependent_count"] = run.dependent_count
         if run.dependencies:
             attributes["dask.task.dependencies"] = tuple(sorted(map(key_text, run.dependencies)))
-        functions = run.functions if run.run_spec is None else names_of(run.run_spec)
+        functions = run.functions if run.run_spec is None else function_names(run.run_spec)
         if functions:
             attributes["code.function.name"] = functions
         if run.retries:
@@ -409,4 +409,4 @@ def _without_run_spec(run: adapter.TaskRun) -> adapter.TaskRun:
     A run_spec can embed data of the graph's (an array literal, a model): held by a kept
     run, it would stay alive until the compute settles here, 30 s after its last task.
     """
-    return run._replace(run_spec=None, functions=names_of(run.run_spec))
+    return run._replace(run_spec=None, functions=function_names(run.run_spec))
