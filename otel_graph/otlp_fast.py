@@ -501,7 +501,8 @@ class EncodedSpans(list):  # type: ignore[type-arg]
     def __init__(self) -> None:
         super().__init__()
         self.parts: list[bytes] = []
-        #: Where every span was encoded as it ended, of one origin (:func:`origin`): that origin; else None.
+        #: The origin (:func:`origin`) of every span, where the chunk was made whole of spans all
+        #: encoded as they ended, of that one origin (the request is then made in one join); else None.
         self.origin: int | None = None
 
 
@@ -597,9 +598,9 @@ def _encode_request(spans: Sequence[ReadableSpan]) -> bytes:
 
 def _add_resource_spans(pieces: list[bytes], resource: Any, scoped: list[tuple[Any, list[bytes]]], memo: _Memo) -> None:
     """A request's ``resource_spans`` field, of ``resource`` and per scope its spans' entries, appended
-    to ``pieces`` in pieces: the request's one join copies each entry once. Joined field by field,
-    a request was copied whole at each level, each copy a fresh allocation: 0.85 ms of the export
-    thread's CPU, holding the GIL, for 512 task spans (220 kB), against 0.19 ms now."""
+    to ``pieces`` in pieces, their lengths worked out ahead: the request's one join then copies
+    each entry once, where a field joined at each level of nesting copies the whole request
+    (hundreds of kB, each copy a fresh allocation) while the export thread holds the GIL."""
     resource_field = _field(_RS_RESOURCE, _attributes(_RESOURCE_ATTRIBUTES, resource.attributes, memo))
     size = len(resource_field)
     heads = []

@@ -123,9 +123,12 @@ def _take_encoded(queue: deque[Queued], count: int) -> list[Queued] | None:
     return list(starmap(queue.popleft, repeat((), count)))
 
 
-def _largest_entry(batch: list[Queued]) -> int:
-    """The largest entry, in bytes, of a batch of spans encoded as they ended."""
-    return max(map(len, map(_entry_of, batch)))
+def _encoded_weight(spans: Sequence[Any]) -> int:
+    """:func:`_weight` summed over spans encoded as they ended, by loops that run in C where no
+    entry reaches SPAN_BYTES (the usual case: only a failed task's exception text does)."""
+    if not spans or max(map(len, map(_entry_of, spans))) < SPAN_BYTES:
+        return len(spans)
+    return sum(map(_weight, spans))
 
 
 def _take_any(queue: deque[Queued], count: int) -> tuple[list[Queued], int]:
@@ -233,11 +236,7 @@ class ReliableSpanProcessor(SpanProcessor):
 
     def on_end_encoded_many(self, spans: list[tuple[bytes, int]]) -> None:
         """Spans encoded as they ended, queued together (one lock round trip)."""
-        weight = len(spans)  # each span's _weight, summed without a call per span
-        for entry, _ in spans:
-            if len(entry) >= SPAN_BYTES:
-                weight += len(entry) // SPAN_BYTES
-        self._enqueue(spans, weight)
+        self._enqueue(spans, _encoded_weight(spans))
 
     def _enqueue(self, spans: Sequence[Queued], weight: int) -> None:
         with self._lock:  # so a span cannot slip in after deliver_remaining has counted the queue
@@ -378,9 +377,10 @@ class ReliableSpanProcessor(SpanProcessor):
         if self._chunked and limit == self._max_batch and len(queue) >= 2 * limit:  # backed up, exports going through
             limit = CATCH_UP_BATCH
         count = min(len(queue), limit)
-        batch = _take_encoded(queue, count) if self._chunked else None
-        if batch is not None:  # all encoded: each weighs one, unless an entry passes SPAN_BYTES
-            weight = sum(map(_weight, batch)) if _largest_entry(batch) >= SPAN_BYTES else len(batch)
+        # Not while delivered spans are read back (takes_encoded is off): then they come readable.
+        batch = _take_encoded(queue, count) if self.takes_encoded else None
+        if batch is not None:
+            weight = _encoded_weight(batch)
         else:
             batch, weight = _take_any(queue, count)
         self._inflight_weight = weight

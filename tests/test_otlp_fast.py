@@ -554,26 +554,35 @@ def test_spans_encoded_as_they_end_group_with_readable_spans_as_stock() -> None:
     assert encode_spans_fast(chunk) == encode_spans([first, theirs[0], second, theirs[1]])
 
 
-def _encoded_spans(count: int, resource: Resource, scope: InstrumentationScope | None,
+def _encoded_spans(count: int, resource: Resource, scope: InstrumentationScope | None, *, key_chars: int = 6,
                    ) -> tuple[list[ReadableSpan], list[tuple[bytes, int]]]:
     """``count`` task-like spans of ``resource`` and ``scope``, as ReadableSpans and as encoded as they end."""
     from otel_graph.otlp_fast import new_memo, origin, span_entry
 
     parent, memo = _context(0xFEED, 0xBEEF), new_memo()
     readable = [ReadableSpan(name="inc", context=_context(0xFEED, i + 1), parent=parent, resource=resource,
-                             instrumentation_scope=scope, attributes={"dask.task.key": f"inc-{i}", "n": i},
-                             start_time=10 + i, end_time=20 + i) for i in range(count)]
+                             instrumentation_scope=scope, start_time=10 + i, end_time=20 + i,
+                             attributes={"dask.task.key": f"inc-{i:0{key_chars}d}", "n": i}) for i in range(count)]
     encoded = [(span_entry(span.context, parent, span.name, SpanKind.INTERNAL, span.start_time, span.end_time,
                            span.attributes, (), (), span.status, memo), origin(resource, scope)) for span in readable]
     return readable, encoded
 
 
-@pytest.mark.parametrize("max_bytes", [10**6, 300])
-def test_a_batch_of_encoded_spans_is_requested_as_stock_encodes_it(max_bytes: int) -> None:
-    """Every span encoded as it ended, of one resource and scope: the request is made whole, by
-    loops in C, and is what stock makes of the same spans; cut into chunks (a small size) and
-    of two origins, it goes the span-by-span way, with the same result."""
-    readable, encoded = _encoded_spans(40, RESOURCE, SCOPE)
+ORIGINS = {  # (resource, scope) pairs a request of one origin is made of
+    "plain": (RESOURCE, SCOPE),
+    "schema, no scope": (Resource({"service.name": "schema"}, SCHEMA), None),
+}
+
+
+@pytest.mark.parametrize("origin_name", list(ORIGINS))
+@pytest.mark.parametrize(("count", "key_chars", "max_bytes"), [(40, 6, 10**6), (40, 6, 300), (300, 200, 10**6)])
+def test_a_batch_of_encoded_spans_is_requested_as_stock_encodes_it(origin_name: str, count: int, key_chars: int,
+                                                                    max_bytes: int) -> None:
+    """Every span encoded as it ended, of one resource and scope: the request is made in one join,
+    by loops in C, and is what stock makes of the same spans (over 16 kB too, where the lengths
+    around the spans take three bytes); cut into chunks (a small size) and of two origins, it
+    goes the span-by-span way, with the same result."""
+    readable, encoded = _encoded_spans(count, *ORIGINS[origin_name], key_chars=key_chars)
     chunks = encode_chunks(encoded, max_bytes=max_bytes)
     assert [span for chunk in chunks for span in chunk] == encoded
     if max_bytes == 10**6:
@@ -583,6 +592,9 @@ def test_a_batch_of_encoded_spans_is_requested_as_stock_encodes_it(max_bytes: in
         general.extend(chunk)
         general.parts = chunk.parts
         assert _encode_request(chunk) == _encode_request(general)
+        assert len(_encode_request(chunk)) > 16_384 or count == 40
+        exact = sum(map(len, chunk.parts))  # a batch of exactly the size is one request still
+        assert encode_chunks(encoded, max_bytes=exact)[0].origin == chunk.origin
     else:
         assert len(chunks) > 1 and all(chunk.origin is None for chunk in chunks)
     done = 0
@@ -590,24 +602,31 @@ def test_a_batch_of_encoded_spans_is_requested_as_stock_encodes_it(max_bytes: in
         assert encode_spans_fast(chunk) == encode_spans(readable[done:done + len(chunk)])
         done += len(chunk)
     other_readable, other_encoded = _encoded_spans(3, Resource({"service.name": "worker"}), None)
-    (two,) = encode_chunks(encoded[:5] + other_encoded + encoded[5:], max_bytes=10**6)
+    (two,) = encode_chunks(encoded[:5] + other_encoded + encoded[5:], max_bytes=10**7)
     assert two.origin is None
     assert encode_spans_fast(two) == encode_spans(readable[:5] + other_readable + readable[5:])
 
 
-def test_a_batch_taken_all_encoded_weighs_what_its_spans_weigh() -> None:
+def test_a_batch_taken_all_encoded_weighs_what_its_spans_weigh(monkeypatch: pytest.MonkeyPatch) -> None:
     """The export thread takes a batch of encoded spans whole (loops in C); its weight is its spans'
-    _weight summed, large entries included, as a batch taken span by span (one not encoded among
-    them) weighs; the rest stays queued, in order."""
+    _weight summed, large entries included (one of exactly SPAN_BYTES too), as a batch taken span
+    by span (one not encoded among them) weighs; the rest stays queued, in order."""
+    from otel_graph import pipeline
     from otel_graph.pipeline import SPAN_BYTES, ReliableSpanProcessor, _weight
 
+    one_by_one: list[int] = []
+    take_any = pipeline._take_any
+    monkeypatch.setattr(pipeline, "_take_any", lambda queue, count: (one_by_one.append(count), take_any(queue, count))[1])
     sizes = [10, SPAN_BYTES - 1, SPAN_BYTES, 3 * SPAN_BYTES + 7, 0, 20]
     spans = [(bytes([i]) * size, 0) for i, size in enumerate(sizes)]
     readable = ReadableSpan(name="r", context=_context(1, 2), resource=RESOURCE, start_time=1, end_time=2)
-    for queued, limit in ((spans, 4), (spans[:1] + [readable] + spans[1:], 4), (spans[:2], 2), (spans, 6)):
+    cases = [(spans, 4, False), (spans[:5], 3, False), (spans[:2], 2, False), (spans, 6, False),
+             (spans[:1] + [readable] + spans[1:], 4, True)]
+    for queued, limit, mixed in cases:
         processor = ReliableSpanProcessor(otlp_span_exporter(protocol="grpc"), max_queued=10_000, max_batch=limit,
                                           schedule_delay_s=60)
-        assert takes_encoded_chunks(processor._exporter)
+        assert processor.takes_encoded
+        one_by_one.clear()
         try:
             with processor._cond:
                 processor._queue.extend(queued)
@@ -616,6 +635,7 @@ def test_a_batch_taken_all_encoded_weighs_what_its_spans_weigh() -> None:
                 assert processor._inflight_weight == sum(map(_weight, batch))
                 assert processor._inflight == len(batch)
                 assert list(processor._queue) == queued[limit:]
+                assert bool(one_by_one) is mixed  # taken whole unless one is not encoded
                 processor._queue.clear()  # nothing for shutdown to try to deliver
                 processor._inflight = 0
         finally:
