@@ -22,7 +22,7 @@ Each round starts from a collected heap (``gc.collect()``, untimed): a full coll
 30-40 ms here, 5% of a round, and one owed to the rounds before would land in whichever round
 came next. Collections a round's own allocations cause are timed with it. Usage::
 
-    python benchmarks/bench_tiny.py [--repeat 5] [--dask-suite [--suite-repeat 2]] [--json rows.json]
+    python benchmarks/bench_tiny.py [--repeat 21] [--dask-suite [--suite-repeat 2]] [--json rows.json]
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def dask_suite(repeat: int, endpoint: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--repeat", type=int, default=11, help="rounds of each tiny workload")
+    parser.add_argument("--repeat", type=int, default=21, help="rounds of each tiny workload")
     parser.add_argument("--suite-repeat", type=int, default=2, help="runs of dask's suite, each way")
     parser.add_argument("--dask-suite", action="store_true", help="also time dask's own tests (a few minutes)")
     parser.add_argument("--json", help="write the rows here")
