@@ -75,7 +75,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from run import Receiver  # noqa: E402
+from run import Receiver, paired_ratio  # noqa: E402
 
 SCENARIOS = ("plain", "healthy", "down", "hung", "slow", "flap", "back-late")
 WORKLOADS = ("sync-100k", "threads-2k")
@@ -362,19 +362,20 @@ def verdict(runs: list[dict[str, Any]], plain: list[dict[str, Any]]) -> dict[str
     # Paired by round: the VM drifts by more than the effects measured here, and a round's
     # runs follow each other within seconds, so each shares its plain run's conditions.
     plain_by_round = {r["round"]: r for r in plain}
-    def ratio(run: dict[str, Any], *parts: str) -> float:
-        return sum(run[p] for p in parts) / sum(plain_by_round[run["round"]][p] for p in parts)
 
-    paired = [(ratio(r, "compute_s"), ratio(r, "compute_s", "exit_s"), ratio(r, "compute_s", "hooks_s"))
-              for r in runs]
+    def paired(*parts: str) -> float:
+        return paired_ratio([sum(r[p] for p in parts) for r in runs],
+                            [sum(plain_by_round[r["round"]][p] for p in parts) for r in runs])
+
+    compute_ratio = paired("compute_s")
     out: dict[str, Any] = {
         "workload": workload, "scenario": scenario, "runs": len(runs),
         "compute_s": compute, "compute_s_each": [round(r["compute_s"], 3) for r in runs],
-        "compute_ratio": statistics.median(c for c, _, _ in paired),
-        "to_exit_ratio": statistics.median(e for _, e, _ in paired),
+        "compute_ratio": compute_ratio,
+        "to_exit_ratio": paired("compute_s", "exit_s"),
         # compute + otel_graph's exit hook: what "including flush()" is in run.py, without
         # the interpreter's teardown, which grows with every module imported (grpc's too).
-        "delivered_ratio": statistics.median(d for _, _, d in paired),
+        "delivered_ratio": paired("compute_s", "hooks_s"),
         "compute_ratio_of_medians": compute / base, "to_exit_ratio_of_medians": to_exit / base_to_exit,
         "compute_cpu_s": statistics.median(r["compute_cpu_s"] for r in runs),
         "compute_cpu_ratio": statistics.median(r["compute_cpu_s"] for r in runs)
@@ -385,7 +386,7 @@ def verdict(runs: list[dict[str, Any]], plain: list[dict[str, Any]]) -> dict[str
         "teardown_s_median": statistics.median(r["exit_s"] - r["hooks_s"] for r in runs),
         "setup_s": statistics.median(r["setup_s"] for r in runs),
         "exit_ok": max(exits) <= EXIT_BAR_S and all(r["returncode"] == 0 for r in runs),
-        "compute_ok": statistics.median(c for c, _, _ in paired) <= BARS[workload],
+        "compute_ok": compute_ratio <= BARS[workload],
         "clean": all(r["returncode"] == 0 and not r["traceback"] and r["warnings"] <= 1 for r in runs),
         "hooks_never_ran": sum(not r.get("hooks_ran", True) for r in runs),
     }
