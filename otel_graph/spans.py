@@ -181,7 +181,6 @@ _HOLDERS = (Task, list, tuple)
 function_names = _FunctionNames()
 
 
-
 @lru_cache(maxsize=4096)
 def _worker_id(worker: int | str) -> str:
     return str(worker)

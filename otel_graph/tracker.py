@@ -46,7 +46,7 @@ from opentelemetry.trace import NonRecordingSpan, Status, StatusCode, TraceFlags
 
 from otel_graph.compute_span import ComputeSpan, start_compute_span
 from otel_graph.config import DEFAULT_EARLY_DRAIN_TASKS
-from otel_graph.events import AT_ERROR, TaskEvent, describe_exception, task_prefix
+from otel_graph.events import AT_ERROR, AT_KEY, TaskEvent, describe_exception, task_prefix
 from otel_graph.forks import forked_child_drops, stands_down
 from otel_graph.metrics import Run, TaskMetrics
 from otel_graph.policy import Aggregate, SpanPlan
@@ -417,7 +417,7 @@ class Tracker:
             for raw in sink:  # a loop, not a comprehension: no call of its own
                 if raw[AT_ERROR] is not None:
                     return False
-                facts.append((raw, task_facts(raw[0], graph, state, keep=True, known=known)))
+                facts.append((raw, task_facts(raw[AT_KEY], graph, state, keep=True, known=known)))
             tasks = tuple(facts)
             for _ in range(2):
                 with self._lock:
@@ -841,7 +841,7 @@ class Tracker:
             self._consume(record, None, list(map(TaskEvent._make, taken)))
             return None
         graph, state, known = record.graph, record.state, {}
-        runs, left = batch.add_tasks(record.span_context, [(raw, task_facts(raw[0], graph, state, known=known))
+        runs, left = batch.add_tasks(record.span_context, [(raw, task_facts(raw[AT_KEY], graph, state, known=known))
                                                            for raw in taken],
                                      self._metrics.label, record.scheduler, self._task_encoder.encode)
         record.in_spans += len(taken) - len(left)
