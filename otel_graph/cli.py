@@ -107,7 +107,8 @@ def _dispatch(args: argparse.Namespace) -> int:
 def _export_chrome(paths: Sequence[Path], output: Path) -> int:
     from otel_graph.analysis import distinct_spans
     from otel_graph.chrome import write_chrome_trace
-    from otel_graph.report import private_file, read_files
+    from otel_graph.private_files import private_file
+    from otel_graph.report import read_files
 
     spans, points = read_files(paths, point_names=("process.", "hw.gpu."))
     spans, duplicates = distinct_spans(spans)  # a span twice would overlap itself on its track

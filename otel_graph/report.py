@@ -8,17 +8,15 @@ on stderr what it left out of them (unreadable lines, out-of-range values).
 Text from the telemetry (keys, prefixes, worker ids) is untrusted: in the text report
 its control and other non-printable characters are escaped (an ANSI or OSC sequence in
 a key must not reach the terminal) and cells longer than :data:`MAX_CELL_CHARS` are cut
-in the middle, with an ellipsis. :func:`private_file` creates the files the command
-writes (``report.html``, the Chrome export) readable by their owner only.
+in the middle, with an ellipsis. The files the command writes (``report.html``, the
+Chrome export) are readable by their owner only (:mod:`otel_graph.private_files`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
-import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -78,31 +76,6 @@ def load(paths: Sequence[str | os.PathLike[str]], *, progress: bool | None = Non
     spans, points = read_files(paths, point_names=("hw.gpu.", "process.", "system.", "dask."), progress=progress)
     grouped = group(spans)
     return Loaded(grouped.computes, points, grouped.duplicates)
-
-
-@contextlib.contextmanager
-def private_file(path: Path) -> Iterator[TextIO]:
-    """``path`` opened for writing text, as a new file only its owner can read (0600).
-
-    The text goes to a new file beside it (``mkstemp``: 0600 whatever the umask, never
-    an existing file), renamed over ``path`` once complete: a symlink planted at
-    ``path`` is replaced, not followed, and no reader sees half a file.
-    """
-    try:
-        fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".otel-graph-", suffix=".tmp")
-    except OSError as exc:  # name the file asked for, not the temporary one
-        raise OSError(exc.errno, exc.strerror, str(path)) from None
-    try:
-        # backslashreplace: a lone surrogate in a key (JSON allows it) must not stop the write.
-        with open(fd, "w", encoding="utf-8", errors="backslashreplace") as out:
-            yield out
-        os.replace(temporary, path)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        if isinstance(exc, OSError) and exc.filename == temporary:  # `path` is a directory, ...
-            raise OSError(exc.errno, exc.strerror, str(path)) from None
-        raise
 
 
 def _seconds(value: float) -> str:
