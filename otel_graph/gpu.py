@@ -64,7 +64,7 @@ from typing import Any
 from opentelemetry.metrics import Meter, Observation
 
 from otel_graph.config import OTEL_GRAPH_GPU
-from otel_graph.resources import Switch, guarded
+from otel_graph.reading_guard import Switch, guarded
 
 __all__ = ["observe_gpus", "gpu_status"]
 

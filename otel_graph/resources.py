@@ -53,23 +53,18 @@ logged at DEBUG with its traceback.
 """
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import psutil
-from opentelemetry.metrics import CallbackOptions, Meter, Observation
+from opentelemetry.metrics import Meter, Observation
+
+from otel_graph.reading_guard import Reading, Switch, guarded, reading_errors
 
 __all__ = ["observe_resources", "reading_errors"]
-
-logger = logging.getLogger(__name__)
-
-Reading = Callable[[], Iterable[Observation]]
-Callback = Callable[[CallbackOptions], Iterable[Observation]]
-
 
 def observe_resources(meter: Meter, *, gpu: bool = True, switch: Switch | None = None) -> Callable[[], None]:
     """Create the process, system and (optionally) GPU instruments on ``meter``.
@@ -112,62 +107,10 @@ def observe_resources(meter: Meter, *, gpu: bool = True, switch: Switch | None =
         create(name, [guarded(name, read, switch)], unit=unit, description=description)
     if not gpu:
         return switch.stop
-    from otel_graph.gpu import observe_gpus  # imported here: gpu.py imports this module
+    from otel_graph.gpu import observe_gpus  # imported here: NVML's bindings only where GPUs are asked for
 
     observe_gpus(meter, switch=switch)
     return switch.stop
-
-
-def reading_errors() -> int:
-    """How many readings have failed in this process (each failure yields no point)."""
-    return _ERRORS.count
-
-
-class Switch:
-    """The flag behind a ``stop()``: instruments cannot be unregistered, only silenced."""
-
-    def __init__(self) -> None:
-        self.on = True
-
-    def stop(self) -> None:
-        self.on = False
-
-
-def guarded(name: str, read: Reading, switch: Switch) -> Callback:
-    """Wrap ``read`` as an SDK callback that honours ``switch`` and never raises."""
-
-    def callback(options: CallbackOptions) -> list[Observation]:
-        if not switch.on:
-            return []
-        try:
-            return list(read())
-        except Exception:
-            # The SDK would log an exception per collection; a reading we cannot take
-            # is not worth that. Count it, say it once, report nothing this time.
-            _ERRORS.record(name)
-            return []
-
-    return callback
-
-
-class _ReadingErrors:
-    """Counts failed readings and logs the first failure of each instrument."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._logged: set[str] = set()
-        self.count = 0
-
-    def record(self, name: str) -> None:
-        with self._lock:  # only taken on failure, never on a successful reading
-            self.count += 1
-            first = name not in self._logged
-            self._logged.add(name)
-        if first:
-            logger.debug("reading %s failed; further failures are only counted", name, exc_info=True)
-
-
-_ERRORS = _ReadingErrors()
 
 
 class _ThisProcess:
