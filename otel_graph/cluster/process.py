@@ -161,9 +161,9 @@ def _on_sigterm(signum: int, frame: Any) -> None:
             # What a normal exit runs (the atexit hook), on a thread of its own: this thread
             # was interrupted anywhere, maybe holding a lock delivery needs, and the wait
             # must have a hard bound however the collector behaves.
-            from otel_graph.instrumentation import _exit as deliver_as_at_exit
+            from otel_graph.process_state import deliver_at_exit
 
-            delivery = threading.Thread(target=deliver_as_at_exit, name="otel-graph-sigterm", daemon=True)
+            delivery = threading.Thread(target=deliver_at_exit, name="otel-graph-sigterm", daemon=True)
             delivery.start()
             delivery.join(sigterm_delivery_s())
             if _end_once_reported(signum):
@@ -233,7 +233,7 @@ def process_providers(settings: Any, resource_attributes: dict[str, Any]) -> Any
     traces still flow.
     """
     from otel_graph.config import with_overrides
-    from otel_graph.instrumentation import providers_for
+    from otel_graph.process_state import providers_for
     from otel_graph.sdk import PortInUse
 
     try:
@@ -266,7 +266,7 @@ def _observe_spill(meter_provider: Any) -> None:
     Per-task ``disk-read``/``disk-write`` spans only exist where distributed timed one
     above 5 ms; these counters count every spill.
     """
-    from otel_graph.instrumentation import SCOPE
+    from otel_graph.process_state import SCOPE
 
     if meter_provider in _SPILL_OBSERVED:
         return

@@ -194,7 +194,7 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
         """
         from otel_graph.config import load_settings
         from otel_graph.cluster.process import process_providers
-        from otel_graph.instrumentation import SCOPE, ensure_exit_hook, live_providers
+        from otel_graph.process_state import SCOPE, ensure_exit_hook, live_providers
 
         providers = live_providers()
         if providers is None:

@@ -266,7 +266,7 @@ class WorkerTelemetry:
         was recorded under, which it flushes last. (Dropping it here, as once, lost a
         compute's task spans when a drain fell between the two.)
         """
-        from otel_graph.instrumentation import live_providers
+        from otel_graph.process_state import live_providers
 
         live = live_providers()
         if live is not None and live is not self._providers:

@@ -70,7 +70,7 @@ def _trace_nested_computes(providers: Any, settings: Any) -> None:
 
 def _start(worker: Any, client_env: dict[str, str]) -> WorkerTelemetry | None:
     from otel_graph.config import load_settings
-    from otel_graph.instrumentation import add_aggregated_source, ensure_exit_hook, live_providers
+    from otel_graph.process_state import add_aggregated_source, before_exit, ensure_exit_hook, live_providers
 
     with _ProcessTelemetry.lock:
         current = _ProcessTelemetry.by_worker.get(worker)
@@ -89,6 +89,7 @@ def _start(worker: Any, client_env: dict[str, str]) -> WorkerTelemetry | None:
             _trace_nested_computes(providers, settings)
             _deliver_on_sigterm()
         ensure_exit_hook()
+        before_exit(close_at_exit)  # what the workers here recorded becomes spans before delivery
         add_aggregated_source(_tasks_aggregated)
         telemetry = _ProcessTelemetry.by_worker[worker] = WorkerTelemetry(worker, providers=providers,
                                                                           settings=settings, in_process=in_process)
@@ -172,7 +173,7 @@ class WorkerTelemetryPlugin(WorkerPlugin):
     def _revive(self) -> WorkerTelemetry | None:
         """An in-process worker whose telemetry ended with an ``uninstrument()`` and whose
         process is instrumented again: start anew with the new instrumentation."""
-        from otel_graph.instrumentation import live_providers
+        from otel_graph.process_state import live_providers
 
         if self._worker is None or live_providers() is None:
             return None
