@@ -55,7 +55,7 @@ class ProcessState:
     #: Counts of tasks folded into aggregate spans by parts with no handle (cluster workers).
     aggregated_sources: list = []
     #: Called first by the exit hook (:func:`before_exit`).
-    closers: list = []
+    closers: list[Callable[[], None]] = []
 
 
 def _is_sdk_tracer_provider(provider: Any) -> bool:
@@ -177,8 +177,8 @@ def providers_for(settings: Settings, *, tracer_provider: Any = None, meter_prov
                   resource_attributes: dict[str, Any] | None = None) -> Providers:
     """Pick (or build) the providers and make otel_graph's instruments on them.
 
-    Shared by :class:`Instrumentation` and the distributed worker plugin, which run
-    the same choice: the caller's providers, else the application's global SDK ones,
+    Shared by the handle (:class:`otel_graph.instrumentation.Instrumentation`) and the
+    dask.distributed scheduler and worker processes without one, which make the same choice: the caller's providers, else the application's global SDK ones,
     else ours built from the environment.
     """
     owned: OwnedSdk | None = None
@@ -205,6 +205,8 @@ def providers_for(settings: Settings, *, tracer_provider: Any = None, meter_prov
 
 
 def report_undelivered(owned: OwnedSdk, timeout_s: float, unbuilt: int = 0) -> None:
+    """Deliver what ``owned`` holds within ``timeout_s``; warn once of what was not delivered,
+    and of ``unbuilt`` task records never made spans."""
     owned.deliver_at_exit(timeout_s=timeout_s)
     stats = owned.stats()
     spans, points = stats["spans_undelivered"], stats["points_undelivered"]
@@ -233,6 +235,7 @@ def add_aggregated_source(source: Any) -> None:
 
 
 def ensure_exit_hook() -> None:
+    """Register :func:`deliver_at_exit` with ``atexit``, once per process."""
     with _EXIT_HOOK_LOCK:  # not ProcessState.lock: an event loop thread may call this while it is held
         if not ProcessState.exit_hook:
             ProcessState.exit_hook = True

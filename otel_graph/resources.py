@@ -62,9 +62,11 @@ from typing import Any
 import psutil
 from opentelemetry.metrics import Meter, Observation
 
+from otel_graph.gpu import observe_gpus
 from otel_graph.reading_guard import Reading, Switch, guarded, reading_errors
 
 __all__ = ["observe_resources", "reading_errors"]
+
 
 def observe_resources(meter: Meter, *, gpu: bool = True, switch: Switch | None = None) -> Callable[[], None]:
     """Create the process, system and (optionally) GPU instruments on ``meter``.
@@ -107,8 +109,6 @@ def observe_resources(meter: Meter, *, gpu: bool = True, switch: Switch | None =
         create(name, [guarded(name, read, switch)], unit=unit, description=description)
     if not gpu:
         return switch.stop
-    from otel_graph.gpu import observe_gpus  # imported here: NVML's bindings only where GPUs are asked for
-
     observe_gpus(meter, switch=switch)
     return switch.stop
 

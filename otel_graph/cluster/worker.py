@@ -82,6 +82,9 @@ def _start(worker: Any, client_env: dict[str, str]) -> WorkerTelemetry | None:
         if settings.sdk_disabled:
             return None
         address, name = adapter.worker_identity(worker)
+        # Before anything it would close exists (the nested capture, the telemetry): what the
+        # workers here recorded becomes spans before the exit hook delivers.
+        before_exit(close_at_exit)
         providers = live_providers()
         in_process = providers is not None
         if providers is None:
@@ -89,7 +92,6 @@ def _start(worker: Any, client_env: dict[str, str]) -> WorkerTelemetry | None:
             _trace_nested_computes(providers, settings)
             _deliver_on_sigterm()
         ensure_exit_hook()
-        before_exit(close_at_exit)  # what the workers here recorded becomes spans before delivery
         add_aggregated_source(_tasks_aggregated)
         telemetry = _ProcessTelemetry.by_worker[worker] = WorkerTelemetry(worker, providers=providers,
                                                                           settings=settings, in_process=in_process)
