@@ -299,6 +299,12 @@ def test_map_is_one_trace_of_its_tasks(receiver):
 def test_a_compute_started_inside_a_task_on_a_worker_process_nests_in_the_trace(receiver):
     app = run_app("--workload", "nested", "--flush", env=env_for(receiver))
     assert app.value("RESULT") == "6"
+    _assert_nested(receiver)
+
+
+def _assert_nested(receiver: OtlpReceiver) -> None:
+    """The ``nested`` workload's three inner tasks under one compute, a child of the outer
+    task's compute, all in the outer task's trace."""
 
     def both(r: OtlpReceiver) -> bool:
         return len([s for s in r.spans() if s["name"] == "inner"]) == 3 and any(
@@ -451,3 +457,15 @@ def test_preloaded_cluster_exports_with_its_own_settings(receiver, external_clus
                    for p in r.metrics())
 
     assert receiver.wait_for(gauged, timeout_s=30), "the preloaded scheduler publishes its gauges"
+
+
+@pytest.mark.slow
+def test_a_preloaded_worker_traces_the_computes_its_tasks_start(receiver, external_cluster):
+    # The preloaded worker plugin stays when the client registers its own (idempotent): it
+    # must carry the capture for computes started inside tasks itself.
+    own = env_for(receiver, OTEL_SERVICE_NAME="hpc-workers")
+    address = external_cluster(scheduler_env=own, worker_env=own, preload=True)
+    app = run_app("--scheduler", address, "--wait-workers", "2", "--workload", "nested", "--flush",
+                  env=env_for(receiver))
+    assert app.value("RESULT") == "6"
+    _assert_nested(receiver)

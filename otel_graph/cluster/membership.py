@@ -183,7 +183,8 @@ class ClusterMembership:
 
     def _plugins(self) -> tuple[Any, Any]:
         env = _client_env()
-        return SchedulerTelemetryPlugin(env), WorkerTelemetryPlugin(env)
+        # The workers trace the computes their tasks start as this client's capture does.
+        return SchedulerTelemetryPlugin(env), WorkerTelemetryPlugin(env, nested_capture=type(self))
 
     def _join(self, client: Any) -> None:
         # The plugins are idempotent: a cluster that has them (another client) keeps them as

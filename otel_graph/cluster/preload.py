@@ -19,6 +19,7 @@ async def setup(server: Any) -> None:
 
         server.add_plugin(SchedulerTelemetryPlugin(preloaded=True), name=PLUGIN_NAME)
         return
+    from otel_graph.cluster.client import ClusterCapture
     from otel_graph.cluster.worker import PLUGIN_NAME, WorkerTelemetryPlugin
 
-    await server.plugin_add(WorkerTelemetryPlugin(), name=PLUGIN_NAME)
+    await server.plugin_add(WorkerTelemetryPlugin(nested_capture=ClusterCapture), name=PLUGIN_NAME)

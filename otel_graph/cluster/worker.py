@@ -47,28 +47,28 @@ _RAN = frozenset({"executing", "long-running"})
 _DONE = frozenset({"memory", "error"})
 
 
-def _trace_nested_computes(providers: Any, settings: Any) -> None:
-    """In a worker process, trace computes that tasks start (``get_client().compute(...)``).
+def _trace_nested_computes(providers: Any, settings: Any, capture_class: Any) -> None:
+    """In a worker process, trace computes that tasks start (``get_client().compute(...)``),
+    with ``capture_class`` (:class:`otel_graph.cluster.client.ClusterCapture`; None: untraced).
 
     They nest under the running task's compute (its note says which): without
     this, a nested compute would carry no trace context and its tasks no spans. Where
     the process is already instrumented (an in-process cluster), that covers it.
     """
-    if _ProcessTelemetry.nested is not None:
+    if _ProcessTelemetry.nested is not None or capture_class is None:
         return
-    from otel_graph.cluster.client import ClusterCapture
     from otel_graph.tracker import Tracker
 
     tracker = Tracker(tracer=providers.tracer, emitter=providers.emitter,
                       metrics=providers.instruments.task_metrics, max_task_spans=settings.max_task_spans,
                       drain_interval_s=min(settings.drain_interval_s, _WORKER_DRAIN_S),
                       progress_interval_s=settings.progress_interval_s)
-    capture = ClusterCapture(tracker, settings, register=False)
+    capture = capture_class(tracker, settings, register=False)
     capture.install()
     _ProcessTelemetry.nested = (tracker, capture)
 
 
-def _start(worker: Any, client_env: dict[str, str]) -> WorkerTelemetry | None:
+def _start(worker: Any, client_env: dict[str, str], nested_capture: Any) -> WorkerTelemetry | None:
     from otel_graph.config import load_settings
     from otel_graph.process_state import add_aggregated_source, before_exit, ensure_exit_hook, live_providers
 
@@ -89,7 +89,7 @@ def _start(worker: Any, client_env: dict[str, str]) -> WorkerTelemetry | None:
         in_process = providers is not None
         if providers is None:
             providers = process_providers(settings, {"dask.worker.id": address, "dask.worker.name": name})
-            _trace_nested_computes(providers, settings)
+            _trace_nested_computes(providers, settings, nested_capture)
             _deliver_on_sigterm()
         ensure_exit_hook()
         add_aggregated_source(_tasks_aggregated)
@@ -123,8 +123,12 @@ class WorkerTelemetryPlugin(WorkerPlugin):
     name = PLUGIN_NAME
     idempotent = True  # registering again (another client) keeps the one in place
 
-    def __init__(self, client_env: dict[str, str] | None = None) -> None:
+    def __init__(self, client_env: dict[str, str] | None = None, *, nested_capture: Any = None) -> None:
+        """``nested_capture``: the client's capture class, which traces the computes this worker's
+        tasks start; given, not imported here, as the client's module registers this plugin.
+        A class pickles by name: a worker process imports it as it receives the plugin."""
         self._sealed_env = seal_env(dict(client_env or {}))
+        self._nested_capture = nested_capture
         self._telemetry: WorkerTelemetry | None = None
         self._worker: Any = None
 
@@ -139,7 +143,7 @@ class WorkerTelemetryPlugin(WorkerPlugin):
         except Exception:
             logger.debug("otel_graph: cannot read task contexts on this worker", exc_info=True)
         try:
-            self._telemetry = _start(worker, unseal_env(self._sealed_env))
+            self._telemetry = _start(worker, unseal_env(self._sealed_env), self._nested_capture)
         except Exception as exc:
             # A bad configuration here must not take the worker down; say so once, without values.
             logger.warning("otel_graph: telemetry is off on worker %s: %s", getattr(worker, "address", "?"),
@@ -180,7 +184,7 @@ class WorkerTelemetryPlugin(WorkerPlugin):
         if self._worker is None or live_providers() is None:
             return None
         try:
-            self._telemetry = _start(self._worker, unseal_env(self._sealed_env))
+            self._telemetry = _start(self._worker, unseal_env(self._sealed_env), self._nested_capture)
         except Exception:
             self._telemetry = None
         return self._telemetry
