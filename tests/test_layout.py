@@ -1,11 +1,10 @@
-"""The package's import graph has no cycle but those listed here, and the list is exact.
+"""The package's import graph has no cycle.
 
 Every ``import`` and ``from ... import`` statement in ``otel_graph`` counts, those inside
 functions too: an import put off to call time still says one module needs the other. A
 module imported is the longest name of the package's own modules it starts with (``from
-otel_graph.cluster import adapter`` imports ``otel_graph.cluster.adapter``). A cycle is a
-group of modules each reaching all the others (a strongly connected component): a new
-edge inside a listed group does not fail the test, a new group does.
+otel_graph.cluster import adapter`` imports ``otel_graph.cluster.adapter``). A cycle is
+reported as the group of modules that reach one another (a strongly connected component).
 """
 
 from __future__ import annotations
@@ -16,15 +15,6 @@ from pathlib import Path
 import otel_graph
 
 PACKAGE = Path(otel_graph.__file__).resolve().parent
-
-#: Import cycles still to break, each as its modules (sorted). A cycle that appears and is
-#: not listed fails the test; so does one listed that no longer exists (take it off).
-KNOWN_CYCLES: set[tuple[str, ...]] = {
-    # The worker plugin traces computes its tasks start with the client's capture, which
-    # registers that plugin through the membership.
-    ("otel_graph.cluster.client", "otel_graph.cluster.membership", "otel_graph.cluster.worker"),
-}
-
 
 def _modules() -> dict[str, Path]:
     modules = {}
@@ -124,7 +114,5 @@ def test_function_level_imports_and_modules_from_packages_count() -> None:
     assert "otel_graph.cluster.adapter" in graph["otel_graph.cluster.client"]
 
 
-def test_no_import_cycle_but_the_known_ones() -> None:
-    found = cycles(import_graph())
-    assert found - KNOWN_CYCLES == set(), f"new import cycles: {sorted(found - KNOWN_CYCLES)}"
-    assert KNOWN_CYCLES - found == set(), f"broken since, take them off KNOWN_CYCLES: {sorted(KNOWN_CYCLES - found)}"
+def test_no_import_cycle() -> None:
+    assert cycles(import_graph()) == set()
