@@ -130,10 +130,6 @@ def group(spans: Iterable[Span]) -> Grouped:
     return Grouped(sorted(roots.values(), key=lambda c: c.root.start_ns), duplicates)
 
 
-def group_computes(spans: Iterable[Span]) -> list[Compute]:
-    return group(spans).computes
-
-
 def _incomplete(parent: tuple[str, str], tasks: list[Span]) -> Compute:
     trace_id, span_id = parent
     root = Span(trace_id, span_id, "", COMPUTE, min(t.start_ns for t in tasks), max(t.end_ns for t in tasks),

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -374,10 +374,6 @@ def exit_timeout() -> float:
         return load_settings().exit_timeout_s
     except ConfigurationError:  # refused loudly at start already
         return DEFAULT_EXIT_TIMEOUT_S
-
-
-def with_overrides(settings: Settings, **changes: Any) -> Settings:
-    return replace(settings, **changes)
 
 
 def otlp_protocol(signal: str, env: Mapping[str, str] | None = None) -> str:

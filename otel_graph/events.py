@@ -46,6 +46,9 @@ MAX_MESSAGE_CHARS = 4096
 #: such value would fail its whole export.
 INT64_MAX = (1 << 63) - 1
 MAX_STACK_CHARS = 16384
+#: Dependency keys a task span lists (``dask.task.dependencies``): a collection's tasks can
+#: depend on 10^4 keys, and a span need not carry them all.
+MAX_DEPENDENCIES = 32
 
 
 class ErrorInfo(NamedTuple):

@@ -12,7 +12,7 @@ process's first ``metrics.MAX_METRIC_PREFIXES`` prefixes, spans are named
 ``thread.id``                  the thread that ran the task
 ``dask.task.nbytes``           ``dask.sizeof`` of the result
 ``dask.task.type``             the result's type name
-``dask.task.dependencies``     dependency keys, at most :data:`MAX_DEPENDENCIES`
+``dask.task.dependencies``     dependency keys, at most :data:`~otel_graph.events.MAX_DEPENDENCIES`
 ``dask.task.dependency_count`` all dependencies, even past that bound
 ``dask.task.dependent_count``  tasks that consume this one's result
 ``code.function.name``         the function; for fused tasks and ``toolz.compose`` the inner ones,
@@ -44,15 +44,12 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode, TraceFlags
 from toolz.functoolz import Compose
 
-from otel_graph.events import (AT_END, AT_ERROR, AT_KEY, AT_NBYTES, AT_START, INT64_MAX, MAX_KEY_CHARS, OTHER_PREFIXES,
-                               ErrorInfo, TaskEvent, key_to_str, safe_text, task_prefix)
+from otel_graph.events import (AT_END, AT_ERROR, AT_KEY, AT_NBYTES, AT_START, INT64_MAX, MAX_DEPENDENCIES, MAX_KEY_CHARS,
+                               OTHER_PREFIXES, ErrorInfo, TaskEvent, key_to_str, safe_text, task_prefix)
 from otel_graph.policy import Aggregate
 
 if TYPE_CHECKING:
     from otel_graph.metrics import Run
-
-MAX_DEPENDENCIES = 32
-
 
 MAX_FUNCTION_NAMES = 16
 #: Partials of partials looked through to name the function at the bottom.

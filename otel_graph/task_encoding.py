@@ -22,10 +22,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from otel_graph.events import AT_KEY, AT_NBYTES, AT_THREAD, AT_TYPE, AT_WORKER, INT64_MAX
+from otel_graph.events import AT_KEY, AT_NBYTES, AT_THREAD, AT_TYPE, AT_WORKER, INT64_MAX, MAX_DEPENDENCIES
 from otel_graph.otlp_fast import attribute_head, encoded_attribute, encoded_attributes, keyed_string
-from otel_graph.spans import (MAX_DEPENDENCIES, TaskFacts, _type_text, _worker_id, dependency_keys, key_text,
-                               task_facts)
+from otel_graph.spans import TaskFacts, _type_text, _worker_id, dependency_keys, key_text, task_facts
 
 #: Entries each cache keeps at most; past it, it starts again empty.
 _CACHE_ENTRIES = 4096

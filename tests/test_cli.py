@@ -16,7 +16,7 @@ from conftest import needs_distributed, subprocess_env
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from otel_graph.analysis import critical_path, group_computes
+from otel_graph.analysis import critical_path, group
 from otel_graph.otlp_read import TelemetryFile
 
 APPS = Path(__file__).parent / "apps"
@@ -56,7 +56,7 @@ def test_run_writes_owner_only_otlp_json_files(recorded):
 
 def test_critical_path_of_a_real_run_is_the_slow_branch(recorded):
     spans = list(TelemetryFile.open(recorded / "traces.jsonl").spans())
-    (compute,) = group_computes(spans)
+    (compute,) = group(spans).computes
     path = critical_path(compute)
     # slow (0.3 s) and fast (0.05 s) both feed join (0.1 s): join waited for slow.
     assert [step.span.attributes["dask.task.key"] for step in path.steps] == ["load", "slow", "join"]
@@ -240,7 +240,7 @@ def test_critical_path_on_a_hand_built_graph(tmp_path):
              task("05" * 8, "e", 0, 5, [])]
     path = tmp_path / "hand.jsonl"
     path.write_text(_otlp_line(spans) + "\n")
-    (compute,) = group_computes(TelemetryFile.open(path).spans())
+    (compute,) = group(TelemetryFile.open(path).spans()).computes
     found = critical_path(compute)
     assert [step.span.attributes["dask.task.key"] for step in found.steps] == ["b", "c", "d"]
     assert (found.on_path_ns, found.gaps_ns) == (50 * 10**6, 10 * 10**6)

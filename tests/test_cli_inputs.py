@@ -15,7 +15,7 @@ import pytest
 from conftest import subprocess_env
 from test_cli import CLI, _hand_span, _otlp_line, cli
 
-from otel_graph.analysis import critical_path, group_computes
+from otel_graph.analysis import critical_path, group
 from otel_graph.otlp_read import TelemetryFile
 
 COMPUTE_ID = "00" * 8
@@ -234,7 +234,7 @@ def test_a_dependency_folded_into_an_aggregate_is_not_shown_as_idle_time(tmp_pat
                 _task("03" * 8, "c-1", 45, 90, ("a-1", "b-1"))]
 
     path = _write(tmp_path / "agg.jsonl", spans(40))
-    (compute,) = group_computes(TelemetryFile.open(path).spans())
+    (compute,) = group(TelemetryFile.open(path).spans()).computes
     found = critical_path(compute)
     assert [(s.span.attributes["dask.task.key"], s.unseen) for s in found.steps] == [("b-1", {}), ("c-1", {"a": 1})]
     assert (found.gaps_ns, found.unseen_ns) == (0, 35 * 10**6)
@@ -242,7 +242,7 @@ def test_a_dependency_folded_into_an_aggregate_is_not_shown_as_idle_time(tmp_pat
     assert "idle gaps 0 µs, and 35.0 ms waiting on aggregated tasks (not known to be idle)" in run.stdout
     assert "c-1       c      w1    45.0 ms   45.0 ms  35.0 ms via 1 aggregated a" in run.stdout
     # An aggregate that ended before b-1 did cannot have held c-1 back: the gap is idle.
-    (compute,) = group_computes(TelemetryFile.open(_write(tmp_path / "early.jsonl", spans(5))).spans())
+    (compute,) = group(TelemetryFile.open(_write(tmp_path / "early.jsonl", spans(5))).spans()).computes
     found = critical_path(compute)
     assert [s.unseen for s in found.steps] == [{}, {}] and found.gaps_ns == 35 * 10**6
 
@@ -251,7 +251,7 @@ def test_the_path_starts_from_a_sink_despite_clock_skew(tmp_path):
     # Worker A's clock is ahead: a-1 seems to end (1.7 s) after b-1, which depends on it, ends (1.5 s).
     path = _write(tmp_path / "skew.jsonl", [_compute(1000, 2000), _task("01" * 8, "a-1", 1100, 1700),
                                              _task("02" * 8, "b-1", 800, 1500, ("a-1",))])
-    (compute,) = group_computes(TelemetryFile.open(path).spans())
+    (compute,) = group(TelemetryFile.open(path).spans()).computes
     assert [s.span.attributes["dask.task.key"] for s in critical_path(compute).steps] == ["a-1", "b-1"]
 
 
@@ -288,5 +288,5 @@ def test_a_prefix_s_gpu_columns_average_only_the_hosts_its_tasks_ran_on():
              span("01" * 8, "train", 0, 100, "a", **{"dask.task.prefix": "train", "dask.task.key": "train-1"})]
     points = [Point("hw.gpu.utilization", t * 10**6, value, {"hw.id": "0"}, {"host.name": host})
               for t in range(10, 100, 10) for host, value in (("a", 1.0), ("b", 0.0))]
-    (row,) = prefix_table(group_computes(spans), points)
+    (row,) = prefix_table(group(spans).computes, points)
     assert row.gpu_utilization == 1.0

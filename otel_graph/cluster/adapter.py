@@ -46,12 +46,11 @@ from collections.abc import Iterable
 from itertools import islice
 from typing import Any, NamedTuple
 
-from otel_graph.events import ErrorInfo, describe_exception, safe_text
+from otel_graph.events import MAX_DEPENDENCIES, ErrorInfo, describe_exception, safe_text
 
 logger = logging.getLogger("otel_graph")
 
 #: Dependency keys kept per task; the count is always kept in full.
-MAX_DEPENDENCIES = 32
 _TRANSFER_LOOKBACK = 64
 
 

@@ -232,7 +232,8 @@ def process_providers(settings: Any, resource_attributes: dict[str, Any]) -> Any
     finds every process. Only when none is free do this process's metrics go off; its
     traces still flow.
     """
-    from otel_graph.config import with_overrides
+    from dataclasses import replace
+
     from otel_graph.process_state import providers_for
     from otel_graph.sdk import PortInUse
 
@@ -241,7 +242,7 @@ def process_providers(settings: Any, resource_attributes: dict[str, Any]) -> Any
     except PortInUse:
         pass
     for offset in range(1, PROMETHEUS_PORT_SPAN + 1):
-        moved = with_overrides(settings, prometheus_port=settings.prometheus_port + offset)
+        moved = replace(settings, prometheus_port=settings.prometheus_port + offset)
         try:
             providers = providers_for(moved, resource_attributes=resource_attributes)
         except PortInUse:
@@ -253,7 +254,7 @@ def process_providers(settings: Any, resource_attributes: dict[str, Any]) -> Any
     logger.warning("otel_graph: no free Prometheus port in %d..%d; this process serves no Prometheus metrics%s",
                    settings.prometheus_port, settings.prometheus_port + PROMETHEUS_PORT_SPAN,
                    f" (its metrics still go to {', '.join(others)})" if others else "")
-    return providers_for(with_overrides(settings, metrics_exporters=others), resource_attributes=resource_attributes)
+    return providers_for(replace(settings, metrics_exporters=others), resource_attributes=resource_attributes)
 
 
 def _tasks_aggregated() -> int:
