@@ -217,7 +217,7 @@ def run_attributes(ev: Any, prefix: str) -> dict[str, Any]:
 
 
 def dependency_keys(deps: Collection[Any]) -> tuple[str, ...]:
-    """``dask.task.dependencies``: the keys as text, sorted; past :data:`MAX_DEPENDENCIES`, a
+    """``dask.task.dependencies``: the keys as text, sorted; past :data:`~otel_graph.events.MAX_DEPENDENCIES`, a
     bounded sample of them rather than 10^4 keys rendered per span."""
     shown = deps if len(deps) <= MAX_DEPENDENCIES else islice(deps, MAX_DEPENDENCIES)
     return tuple(sorted(map(key_text, shown)))

@@ -461,8 +461,9 @@ def test_preloaded_cluster_exports_with_its_own_settings(receiver, external_clus
 
 @pytest.mark.slow
 def test_a_preloaded_worker_traces_the_computes_its_tasks_start(receiver, external_cluster):
-    # The preloaded worker plugin stays when the client registers its own (idempotent): it
-    # must carry the capture for computes started inside tasks itself.
+    # The client's plugin replaces the preloaded one (the scheduler never knew it, so being
+    # idempotent does not apply) and takes over what that one started, the capture for
+    # computes started inside tasks included: the preloaded plugin must install it itself.
     own = env_for(receiver, OTEL_SERVICE_NAME="hpc-workers")
     address = external_cluster(scheduler_env=own, worker_env=own, preload=True)
     app = run_app("--scheduler", address, "--wait-workers", "2", "--workload", "nested", "--flush",

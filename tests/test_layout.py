@@ -16,6 +16,7 @@ import otel_graph
 
 PACKAGE = Path(otel_graph.__file__).resolve().parent
 
+
 def _modules() -> dict[str, Path]:
     modules = {}
     for path in PACKAGE.rglob("*.py"):

@@ -50,7 +50,8 @@ from otel_graph.events import MAX_DEPENDENCIES, ErrorInfo, describe_exception, s
 
 logger = logging.getLogger("otel_graph")
 
-#: Dependency keys kept per task; the count is always kept in full.
+#: Entries of a worker's transfer log searched, newest first, for the transfer that fetched a
+#: dependency: it is recent when its task's phases are read.
 _TRANSFER_LOOKBACK = 64
 
 

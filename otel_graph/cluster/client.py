@@ -90,6 +90,10 @@ class ClusterCapture(ClusterMembership):
         #: ``distributed.span`` blocks as spans (:mod:`.spans`).
         self._spans = SpanCapture(tracker.tracer)
 
+    def _nested_capture(self) -> type[ClusterCapture]:
+        # The workers trace the computes their tasks start as this client traces its own.
+        return ClusterCapture
+
     # -- install ---------------------------------------------------------------------------
     def install(self) -> None:
         from distributed import Client

@@ -183,8 +183,11 @@ class ClusterMembership:
 
     def _plugins(self) -> tuple[Any, Any]:
         env = _client_env()
-        # The workers trace the computes their tasks start as this client's capture does.
-        return SchedulerTelemetryPlugin(env), WorkerTelemetryPlugin(env, nested_capture=type(self))
+        return SchedulerTelemetryPlugin(env), WorkerTelemetryPlugin(env, nested_capture=self._nested_capture())
+
+    def _nested_capture(self) -> Any:
+        """The class the workers trace the computes their tasks start with (None: untraced)."""
+        return None
 
     def _join(self, client: Any) -> None:
         # The plugins are idempotent: a cluster that has them (another client) keeps them as

@@ -8,11 +8,13 @@ worker's :class:`.task_spans.WorkerTelemetry`, which makes spans and metric poin
 them on a thread of its own. What a worker process shares among its workers (delivery
 accounts, SIGTERM, its SDK, the spill counters) is in :mod:`.process`.
 
-The plugin is idempotent: a second client registering it keeps the one in place. A
-plugin replaced or removed on a running worker hands its telemetry to its successor,
+The plugin is idempotent: a second client registering it keeps the one the scheduler
+holds. A plugin replaced or removed on a running worker (a preloaded one, which the
+scheduler does not know, is replaced by a client's) hands its telemetry to its successor,
 or closes it if none comes (:meth:`WorkerTelemetryPlugin.teardown`); a worker that
 closes delivers what it recorded on its way out. Computes that tasks start
-(``get_client().compute(...)``) are traced too, under the running task's compute.
+(``get_client().compute(...)``) are traced too, under the running task's compute, with
+the capture class the plugin was given (the client's, or the preload's).
 
 Where the telemetry goes: the worker's own ``OTEL_*`` variables; when the worker has
 none at all, those of the client that registered the plugin (they may hold exporter
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
@@ -47,15 +50,15 @@ _RAN = frozenset({"executing", "long-running"})
 _DONE = frozenset({"memory", "error"})
 
 
-def _trace_nested_computes(providers: Any, settings: Any, capture_class: Any) -> None:
+def _trace_nested_computes(providers: Any, settings: Any, *, nested_capture: Callable[..., Any] | None) -> None:
     """In a worker process, trace computes that tasks start (``get_client().compute(...)``),
-    with ``capture_class`` (:class:`otel_graph.cluster.client.ClusterCapture`; None: untraced).
+    with ``nested_capture`` (:class:`otel_graph.cluster.client.ClusterCapture`; None: untraced).
 
     They nest under the running task's compute (its note says which): without
     this, a nested compute would carry no trace context and its tasks no spans. Where
     the process is already instrumented (an in-process cluster), that covers it.
     """
-    if _ProcessTelemetry.nested is not None or capture_class is None:
+    if _ProcessTelemetry.nested is not None or nested_capture is None:
         return
     from otel_graph.tracker import Tracker
 
@@ -63,12 +66,13 @@ def _trace_nested_computes(providers: Any, settings: Any, capture_class: Any) ->
                       metrics=providers.instruments.task_metrics, max_task_spans=settings.max_task_spans,
                       drain_interval_s=min(settings.drain_interval_s, _WORKER_DRAIN_S),
                       progress_interval_s=settings.progress_interval_s)
-    capture = capture_class(tracker, settings, register=False)
+    capture = nested_capture(tracker, settings, register=False)
     capture.install()
     _ProcessTelemetry.nested = (tracker, capture)
 
 
-def _start(worker: Any, client_env: dict[str, str], nested_capture: Any) -> WorkerTelemetry | None:
+def _start(worker: Any, client_env: dict[str, str], *, nested_capture: Callable[..., Any] | None
+           ) -> WorkerTelemetry | None:
     from otel_graph.config import load_settings
     from otel_graph.process_state import add_aggregated_source, before_exit, ensure_exit_hook, live_providers
 
@@ -89,7 +93,7 @@ def _start(worker: Any, client_env: dict[str, str], nested_capture: Any) -> Work
         in_process = providers is not None
         if providers is None:
             providers = process_providers(settings, {"dask.worker.id": address, "dask.worker.name": name})
-            _trace_nested_computes(providers, settings, nested_capture)
+            _trace_nested_computes(providers, settings, nested_capture=nested_capture)
             _deliver_on_sigterm()
         ensure_exit_hook()
         add_aggregated_source(_tasks_aggregated)
@@ -121,9 +125,10 @@ class WorkerTelemetryPlugin(WorkerPlugin):
     """Registered on every worker; see the module docs. Never raises into the worker."""
 
     name = PLUGIN_NAME
-    idempotent = True  # registering again (another client) keeps the one in place
+    idempotent = True  # registering again (another client) keeps the one the scheduler holds
 
-    def __init__(self, client_env: dict[str, str] | None = None, *, nested_capture: Any = None) -> None:
+    def __init__(self, client_env: dict[str, str] | None = None, *,
+                 nested_capture: Callable[..., Any] | None = None) -> None:
         """``nested_capture``: the client's capture class, which traces the computes this worker's
         tasks start; given, not imported here, as the client's module registers this plugin.
         A class pickles by name: a worker process imports it as it receives the plugin."""
@@ -143,7 +148,7 @@ class WorkerTelemetryPlugin(WorkerPlugin):
         except Exception:
             logger.debug("otel_graph: cannot read task contexts on this worker", exc_info=True)
         try:
-            self._telemetry = _start(worker, unseal_env(self._sealed_env), self._nested_capture)
+            self._telemetry = _start(worker, unseal_env(self._sealed_env), nested_capture=self._nested_capture)
         except Exception as exc:
             # A bad configuration here must not take the worker down; say so once, without values.
             logger.warning("otel_graph: telemetry is off on worker %s: %s", getattr(worker, "address", "?"),
@@ -184,7 +189,7 @@ class WorkerTelemetryPlugin(WorkerPlugin):
         if self._worker is None or live_providers() is None:
             return None
         try:
-            self._telemetry = _start(self._worker, unseal_env(self._sealed_env), self._nested_capture)
+            self._telemetry = _start(self._worker, unseal_env(self._sealed_env), nested_capture=self._nested_capture)
         except Exception:
             self._telemetry = None
         return self._telemetry
