@@ -12,7 +12,7 @@ Configured the user's way, through OTEL_* variables, plus arguments:
 ``--parent``             run the compute inside a span of the app's own
 ``--flush``              call handle.flush() before closing the client, print FLUSHED
                          and STATS (handle.stats(workers=True), as JSON)
-``--wait-workers N``     wait for N workers first (with --scheduler)
+``--wait-workers N``     wait for N workers first (with --scheduler; a LocalCluster's are always waited for)
 ``--flush-timeout S``    the flush's timeout (default 30)
 ``--debug-logs``         log everything at DEBUG to stderr
 ``--no-memory-guard``    never pause, spill or kill workers for memory
@@ -183,8 +183,11 @@ def main() -> None:
     else:
         handle = otel_graph.instrument_scheduler()
         client = Client(address)
-    if args.wait_workers:
-        client.wait_for_workers(args.wait_workers, timeout=60)
+    # A LocalCluster's workers may not have reached its scheduler yet when it returns (seen under
+    # load): workloads pinned to a worker need them all listed.
+    wanted = args.wait_workers or (args.workers if cluster is not None else 0)
+    if wanted:
+        client.wait_for_workers(wanted, timeout=60)
     workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
     print("WORKERS", " ".join(workers), flush=True)
     try:
