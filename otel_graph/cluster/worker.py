@@ -126,6 +126,8 @@ class WorkerTelemetryPlugin(WorkerPlugin):
 
     name = PLUGIN_NAME
     idempotent = True  # registering again (another client) keeps the one the scheduler holds
+    #: Read from the class where a plugin pickled by an earlier otel_graph lacks it: untraced.
+    _nested_capture: Callable[..., Any] | None = None
 
     def __init__(self, client_env: dict[str, str] | None = None, *,
                  nested_capture: Callable[..., Any] | None = None) -> None:
