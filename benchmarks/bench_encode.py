@@ -1,4 +1,4 @@
-"""Microseconds per span: the stock OTLP span encoder against ``otel_graph.otlp_fast``.
+"""Microseconds per span: the stock OTLP span encoder against ``otel_graph.export.otlp_fast``.
 
 The spans are shaped like task spans: ``ReadableSpan`` objects built directly,
 sharing one resource, scope and parent, each with ten attributes (a unique key,
@@ -31,7 +31,7 @@ from opentelemetry.sdk.trace import ReadableSpan  # noqa: E402
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope  # noqa: E402
 from opentelemetry.trace import SpanContext, TraceFlags  # noqa: E402
 
-from otel_graph.otlp_fast import _encode_request, encode_spans_fast  # noqa: E402
+from otel_graph.export.otlp_fast import _encode_request, encode_spans_fast  # noqa: E402
 
 
 def task_spans(count: int) -> list[ReadableSpan]:

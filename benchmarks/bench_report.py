@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from otel_graph.report import load, render  # noqa: E402
+from otel_graph.report.text import load, render  # noqa: E402
 
 TRACE = "5b8efff798038103d269b633813fc60c"
 

@@ -214,8 +214,8 @@ def tables(handle: Any) -> dict[str, Any]:
     """otel_graph's state that could grow per compute, read through private names (best effort)."""
     from dask.utils import key_split
 
-    from otel_graph import spans
-    from otel_graph.tracker import ComputeRecord
+    from otel_graph.telemetry import spans
+    from otel_graph.telemetry.tracker import ComputeRecord
 
     tracker, owned, out = handle._tracker, handle._owned, {}
 

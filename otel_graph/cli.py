@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TextIO
 
 from otel_graph.config import ConfigurationError
-from otel_graph.otlp_read import BadTelemetryFile
+from otel_graph.report.otlp_read import BadTelemetryFile
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -90,13 +90,13 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return run(out_dir=args.out, html=not args.no_html)
     if args.command == "report":
-        from otel_graph.report import load, render
+        from otel_graph.report.text import load, render
 
         loaded = load(args.paths)
         # The reader of stdout may stop early (`| head`): the page asked for is written anyway.
         _say(lambda: render(loaded, sys.stdout, top=args.top))
         if args.html is not None:
-            from otel_graph.html_report import write_html
+            from otel_graph.report.html import write_html
 
             write_html(loaded, args.html)
             _say(lambda: print(f"\nHTML report: {args.html}"))
@@ -105,10 +105,10 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 def _export_chrome(paths: Sequence[Path], output: Path) -> int:
-    from otel_graph.analysis import distinct_spans
-    from otel_graph.chrome import write_chrome_trace
-    from otel_graph.private_files import private_file
-    from otel_graph.report import read_files
+    from otel_graph.report.analysis import distinct_spans
+    from otel_graph.report.chrome import write_chrome_trace
+    from otel_graph.report.private_files import private_file
+    from otel_graph.report.text import read_files
 
     spans, points = read_files(paths, point_names=("process.", "hw.gpu."))
     spans, duplicates = distinct_spans(spans)  # a span twice would overlap itself on its track

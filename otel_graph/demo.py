@@ -8,8 +8,8 @@ dask.distributed installed, the QR again on a LocalCluster of two worker process
 * If an OTLP collector answers at the configured endpoint (``OTEL_EXPORTER_OTLP_ENDPOINT``,
   default ``localhost:4317``), the telemetry goes there.
 * Otherwise the embedded default applies: telemetry is written to
-  ``./otel-graph-out/`` as OTLP JSON lines (:mod:`otel_graph.otlp_json`), and the demo
-  prints the report on it (:mod:`otel_graph.report`) and writes ``report.html``.
+  ``./otel-graph-out/`` as OTLP JSON lines (:mod:`otel_graph.export.otlp_json`), and the demo
+  prints the report on it (:mod:`otel_graph.report.text`) and writes ``report.html``.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ import sys
 from pathlib import Path
 
 from otel_graph.config import otlp_protocol
-from otel_graph.endpoint import collector_address, listening
+from otel_graph.export.endpoint import collector_address, listening
 
 
 def _collector_answers(timeout_s: float = 0.5) -> str | None:
     """The collector's ``host:port``, if one listens where the span exporter would send.
 
-    Asked the way exit asks it (:func:`otel_graph.endpoint.collector_address`: the
+    Asked the way exit asks it (:func:`otel_graph.export.endpoint.collector_address`: the
     protocol's default port, 443 for a bare ``https://``); an endpoint that is no TCP
     address, or cannot be read, is no collector here (configuration reports it, if bad).
     """
@@ -102,7 +102,7 @@ def run(*, out_dir: Path, html: bool = True) -> int:
               f"({'all delivered' if delivered else 'not all delivered'})")
         print("traces: http://localhost:16686 (Jaeger)   dashboards: http://localhost:3000 (Grafana)")
         return 0
-    from otel_graph.report import load, render, write_html
+    from otel_graph.report.text import load, render, write_html
 
     files = [out_dir / "traces.jsonl", out_dir / "metrics.jsonl"]
     print(f"\nno collector answers where OTEL_* points: telemetry was written to {out_dir}/ as OTLP JSON lines")

@@ -2,18 +2,18 @@
 
 One :class:`Instrumentation` is live per process at most. It owns:
 
-* the providers in use, chosen by :func:`otel_graph.process_state.providers_for`: the
+* the providers in use, chosen by :func:`otel_graph.telemetry.process_state.providers_for`: the
   caller's, the global SDK ones the application set, or, when there are none, ones
-  built from the environment by :mod:`otel_graph.sdk` (then also set globally, so that
+  built from the environment by :mod:`otel_graph.export.sdk` (then also set globally, so that
   spans the user's own code makes inside tasks go to the same place);
-* the :class:`~otel_graph.tracker.Tracker` that turns task records into telemetry;
-* the Dask wrappers of :mod:`otel_graph.local`, and dask.distributed's capture
+* the :class:`~otel_graph.telemetry.tracker.Tracker` that turns task records into telemetry;
+* the Dask wrappers of :mod:`otel_graph.capture.local`, and dask.distributed's capture
   (:mod:`otel_graph.cluster.client`) where it is installed;
-* the resource readings of :mod:`otel_graph.resources`.
+* the resource readings of :mod:`otel_graph.readings.resources`.
 
 SDK providers built for it live for the rest of the process (OpenTelemetry cannot
 unset a global provider), and are reused if instrumentation is switched on again. At
-interpreter exit (:func:`otel_graph.process_state.deliver_at_exit`), the live
+interpreter exit (:func:`otel_graph.telemetry.process_state.deliver_at_exit`), the live
 instrumentation drains, delivers within ``OTEL_GRAPH_EXIT_TIMEOUT`` of no progress, and
 warns once about anything undelivered.
 """
@@ -28,10 +28,10 @@ from collections import Counter
 from typing import Any
 
 from otel_graph.config import ConfigurationError, Settings, load_settings
-from otel_graph.local import LocalCapture
-from otel_graph.process_state import ProcessState, ensure_exit_hook, providers_for, report_undelivered
-from otel_graph.sdk import exit_window
-from otel_graph.tracker import Tracker
+from otel_graph.capture.local import LocalCapture
+from otel_graph.telemetry.process_state import ProcessState, ensure_exit_hook, providers_for, report_undelivered
+from otel_graph.export.sdk import exit_window
+from otel_graph.telemetry.tracker import Tracker
 
 logger = logging.getLogger("otel_graph")
 

@@ -16,8 +16,8 @@ from conftest import needs_distributed, subprocess_env
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from otel_graph.analysis import critical_path, group
-from otel_graph.otlp_read import TelemetryFile
+from otel_graph.report.analysis import critical_path, group
+from otel_graph.report.otlp_read import TelemetryFile
 
 APPS = Path(__file__).parent / "apps"
 CLI = [sys.executable, "-m", "otel_graph.cli"]

@@ -15,8 +15,8 @@ import pytest
 from conftest import subprocess_env
 from test_cli import CLI, _hand_span, _otlp_line, cli
 
-from otel_graph.analysis import critical_path, group
-from otel_graph.otlp_read import TelemetryFile
+from otel_graph.report.analysis import critical_path, group
+from otel_graph.report.otlp_read import TelemetryFile
 
 COMPUTE_ID = "00" * 8
 
@@ -276,8 +276,8 @@ def test_the_demo_with_an_endpoint_that_cannot_be_read_says_so_in_one_line(tmp_p
 def test_a_prefix_s_gpu_columns_average_only_the_hosts_its_tasks_ran_on():
     # Host a's GPU is busy while its prefix runs there; host b's sits idle meanwhile. Averaging
     # every host's readings said 50%.
-    from otel_graph.analysis import prefix_table
-    from otel_graph.otlp_read import Point, Span
+    from otel_graph.report.analysis import prefix_table
+    from otel_graph.report.otlp_read import Point, Span
 
     def span(span_id: str, name: str, start_ms: int, end_ms: int, host: str, parent: str = COMPUTE_ID,
              **attributes: object) -> Span:

@@ -76,7 +76,7 @@ class _Recorder:
 
 
 def collector_names_of_gpu_instruments() -> set[str]:
-    from otel_graph.gpu import observe_gpus
+    from otel_graph.readings.gpu import observe_gpus
 
     recorder = _Recorder()
     observe_gpus(recorder)  # type: ignore[arg-type]

@@ -1,4 +1,4 @@
-"""The ``dask.compute`` span where otel_graph built the SDK (``otel_graph.compute_span``):
+"""The ``dask.compute`` span where otel_graph built the SDK (``otel_graph.telemetry.compute_span``):
 made as ``tracer.start_span`` would make it, read back from a real OTLP receiver."""
 
 from __future__ import annotations
@@ -154,8 +154,8 @@ def test_the_default_samplers_decision_is_made_as_it_makes_it(parent: str) -> No
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-    from otel_graph.compute_span import start_compute_span
-    from otel_graph.spans import DirectEmitter
+    from otel_graph.telemetry.compute_span import start_compute_span
+    from otel_graph.telemetry.spans import DirectEmitter
 
     emitter = DirectEmitter(TracerProvider(), InstrumentationScope("test"))
     assert emitter.follows_parent
@@ -180,7 +180,7 @@ def test_the_default_samplers_decision_is_made_as_it_makes_it(parent: str) -> No
 def test_other_samplers_are_asked() -> None:
     from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, DEFAULT_ON, ParentBased, TraceIdRatioBased
 
-    from otel_graph.sdk_internals import follows_parent
+    from otel_graph.export.sdk_internals import follows_parent
 
     assert follows_parent(DEFAULT_ON) and follows_parent(ParentBased(ALWAYS_ON))
     assert not any(follows_parent(s) for s in (ALWAYS_ON, ParentBased(ALWAYS_OFF), TraceIdRatioBased(0.5),
@@ -196,8 +196,8 @@ def test_the_ids_are_those_the_providers_id_generator_would_give() -> None:
     from opentelemetry.sdk.trace.id_generator import IdGenerator
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-    from otel_graph.compute_span import start_compute_span
-    from otel_graph.spans import DirectEmitter
+    from otel_graph.telemetry.compute_span import start_compute_span
+    from otel_graph.telemetry.spans import DirectEmitter
 
     provider = TracerProvider()
     emitter = DirectEmitter(provider, InstrumentationScope("test"))
@@ -237,7 +237,7 @@ def test_the_context_helpers_follow_a_runtime_context_put_in_place_later(monkeyp
     what otel_graph attaches must be what the API reads, and the reverse."""
     from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
 
-    from otel_graph.task_context import attach_context, current_context, detach_context
+    from otel_graph.telemetry.task_context import attach_context, current_context, detach_context
 
     monkeypatch.setattr(context, "_RUNTIME_CONTEXT", ContextVarsRuntimeContext())
     mine = context.Context({"k": 1})
@@ -261,8 +261,8 @@ def test_a_root_under_a_parent_with_trace_state_has_the_context_the_sdk_gives() 
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
     from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState, set_span_in_context
 
-    from otel_graph.compute_span import _AS_TUPLE, start_compute_span
-    from otel_graph.spans import DirectEmitter
+    from otel_graph.telemetry.compute_span import _AS_TUPLE, start_compute_span
+    from otel_graph.telemetry.spans import DirectEmitter
 
     assert _AS_TUPLE  # else a release changed SpanContext's layout: the constructor is used
     provider = TracerProvider()

@@ -324,8 +324,9 @@ def test_a_busy_worker_drains_before_its_interval_without_losing_a_task(telemetr
 
 @pytest.mark.parametrize("telemetry", [{"max_task_spans": 8}], indirect=True)
 def test_keys_that_are_each_their_own_prefix_stay_bounded_on_the_workers(telemetry, client, monkeypatch):
-    from otel_graph import events, metrics, policy
-
+    from otel_graph import naming
+    from otel_graph.telemetry import metrics
+    from otel_graph.telemetry import policy
     monkeypatch.setattr(policy, "MAX_AGGREGATES", 5)
     monkeypatch.setattr(metrics, "MAX_METRIC_PREFIXES", 20)
     graph = {f"t{i}": (inc, i) for i in range(300)}  # no '-': 300 prefixes
@@ -339,7 +340,7 @@ def test_keys_that_are_each_their_own_prefix_stay_bounded_on_the_workers(telemet
             aggregates.setdefault(span.attributes["dask.worker.id"], []).append(span.attributes["dask.task.prefix"])
     assert aggregates, "the budget of 8 folded most tasks"
     for names in aggregates.values():  # each worker folds its share: 5 prefixes, then one for the rest
-        assert len(names) == 6 and names.count(events.OTHER_PREFIXES) == 1, names
+        assert len(names) == 6 and names.count(naming.OTHER_PREFIXES) == 1, names
     durations = telemetry.points("dask.task.duration")
     labelled = {p.attributes["dask.task.prefix"] for p in durations if "dask.task.prefix" in p.attributes}
     (overflow,) = [p for p in durations if "dask.task.prefix" not in p.attributes]

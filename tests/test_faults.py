@@ -141,7 +141,7 @@ def _one_span_in_flight(exporter: _Held):
     """A processor whose one span's export has begun."""
     from opentelemetry.sdk.trace import TracerProvider
 
-    from otel_graph.pipeline import ReliableSpanProcessor
+    from otel_graph.export.pipeline import ReliableSpanProcessor
 
     processor = ReliableSpanProcessor(exporter, max_queued=100, schedule_delay_s=0.01)
     provider = TracerProvider()
@@ -187,8 +187,8 @@ def test_a_backed_up_queue_goes_out_in_large_requests_under_the_size_limit(proto
     # default batch of 512 of them would be 8 MB) pass the collector's 4 MB limit.
     from opentelemetry.sdk.trace import TracerProvider
 
-    from otel_graph.sdk_internals import otlp_span_exporter
-    from otel_graph.pipeline import MAX_REQUEST_BYTES, ReliableSpanProcessor
+    from otel_graph.export.sdk_internals import otlp_span_exporter
+    from otel_graph.export.pipeline import MAX_REQUEST_BYTES, ReliableSpanProcessor
 
     with OtlpReceiver(hang=True) as receiver:  # the first request waits until every span is queued
         if protocol == "grpc":
@@ -226,7 +226,7 @@ def test_no_metric_export_after_exit_gave_up_changes_the_counters():
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricExportResult
 
-    from otel_graph.pipeline import CountingMetricExporter
+    from otel_graph.export.pipeline import CountingMetricExporter
 
     reader = InMemoryMetricReader()
     MeterProvider(metric_readers=[reader]).get_meter("t").create_counter("dask.task.count").add(1)
@@ -250,8 +250,7 @@ def test_a_request_refused_midway_through_a_batch_is_retried_with_the_rest_and_n
     from opentelemetry.sdk.trace.export import SpanExportResult
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from otel_graph import pipeline
-
+    from otel_graph.export import pipeline
     class RefusesTheSecond(InMemorySpanExporter):
         calls = 0
 

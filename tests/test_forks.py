@@ -1,6 +1,6 @@
 """A process forked from an instrumented one (``os.fork``; multiprocessing's default on Linux).
 
-Its exporters cannot cross the fork (:mod:`otel_graph.forks`): in the child, computes run
+Its exporters cannot cross the fork (:mod:`otel_graph.export.forks`): in the child, computes run
 untraced and nothing of the parent's is sent twice or waited on; the child says so once;
 the parent's telemetry is whole.
 """

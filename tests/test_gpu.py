@@ -13,9 +13,9 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from otel_graph import gpu
-from otel_graph.gpu import gpu_status, observe_gpus
-from otel_graph.resources import reading_errors
+from otel_graph.readings import gpu
+from otel_graph.readings.gpu import gpu_status, observe_gpus
+from otel_graph.readings.resources import reading_errors
 
 GIB = 1024**3
 DEVICES = [  # name as bytes on purpose: older nvidia-ml-py releases returned bytes
@@ -239,7 +239,7 @@ WITHOUT_DRIVER = """
 import sys
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from otel_graph.gpu import gpu_status, observe_gpus
+from otel_graph.readings.gpu import gpu_status, observe_gpus
 reader = InMemoryMetricReader()
 provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
 observe_gpus(provider.get_meter("t"))

@@ -19,7 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from otlp_receiver import OtlpReceiver
 
-from otel_graph.events import MAX_KEY_CHARS, MAX_MESSAGE_CHARS, MAX_PREFIX_CHARS, MAX_STACK_CHARS, \
+from otel_graph.naming import MAX_KEY_CHARS, MAX_MESSAGE_CHARS, MAX_PREFIX_CHARS, MAX_STACK_CHARS
+
+from otel_graph.telemetry.events import \
     describe_exception, key_to_str, safe_text, task_prefix
 
 APPS = Path(__file__).parent / "apps"
@@ -183,7 +185,7 @@ def test_a_string_keys_prefix_is_dask_key_split(key):
     # task_prefix takes a shortcut for "name-<token>" keys: it must answer as key_split does.
     from dask.utils import key_split
 
-    from otel_graph.events import MAX_PREFIX_CHARS, _cut
+    from otel_graph.naming import MAX_PREFIX_CHARS, _cut
 
     expected = key_split.__wrapped__(key)
     if len(expected) > MAX_PREFIX_CHARS or not expected.isascii():
@@ -338,7 +340,7 @@ def test_a_partial_made_its_own_function_is_named_without_hanging():
 
     from dask._task_spec import Task
 
-    from otel_graph.spans import function_names
+    from otel_graph.telemetry.spans import function_names
 
     looped = partial(print)
     looped.__setstate__((looped, (), {}, None))

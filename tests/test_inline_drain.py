@@ -10,10 +10,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from otel_graph.metrics import TaskMetrics
-from otel_graph.pipeline import ReliableSpanProcessor
-from otel_graph.spans import DirectEmitter
-from otel_graph.tracker import Tracker
+from otel_graph.telemetry.metrics import TaskMetrics
+from otel_graph.export.pipeline import ReliableSpanProcessor
+from otel_graph.telemetry.spans import DirectEmitter
+from otel_graph.telemetry.tracker import Tracker
 
 
 def compute_points(reader: InMemoryMetricReader) -> list:

@@ -1,4 +1,12 @@
-"""The package's import graph has no cycle.
+"""The package's shape: concern packages importing downward only, no cycle, no module too long.
+
+The layout (each package's ``__init__`` docstring says the same in words):
+
+- at the top, the public API and the command (``otel_graph``, ``instrumentation``,
+  ``instrumentor``, ``cli``, ``demo``): they may import anything, and nothing imports them;
+- beside them, what every part shares (``config``, ``errors``, ``naming``, ``_version``): any
+  module may import these, and they import only one another;
+- the concern packages, each importing only those :data:`MAY_IMPORT` names for it.
 
 Every ``import`` and ``from ... import`` statement in ``otel_graph`` counts, those inside
 functions too: an import put off to call time still says one module needs the other. A
@@ -110,10 +118,75 @@ def test_cycles_are_found() -> None:
 def test_function_level_imports_and_modules_from_packages_count() -> None:
     graph = import_graph()
     # process.py imports process_state only inside functions (at SIGTERM, at start-up).
-    assert "otel_graph.process_state" in graph["otel_graph.cluster.process"]
+    assert "otel_graph.telemetry.process_state" in graph["otel_graph.cluster.process"]
     # `from otel_graph.cluster import adapter` is the adapter module, not the package.
     assert "otel_graph.cluster.adapter" in graph["otel_graph.cluster.client"]
 
 
 def test_no_import_cycle() -> None:
     assert cycles(import_graph()) == set()
+
+
+SHARED = frozenset({"config", "errors", "naming", "_version"})
+#: Each concern package and the others it may import: data flows from Dask's schedulers
+#: (capture, cluster) through telemetry to export; readings and the report stand alone.
+MAY_IMPORT = {
+    "cluster": {"telemetry", "readings", "export"},
+    "capture": {"telemetry", "readings", "export"},
+    "telemetry": {"readings", "export"},
+    "readings": set(),
+    "export": set(),
+    "report": set(),
+}
+MAX_LINES = 500
+
+
+def _place(module: str) -> str:
+    """A module's package (``telemetry``), or its own name if it sits at the top (``config``)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def layering_errors(graph: dict[str, set[str]]) -> list[str]:
+    errors = []
+    for module, imported in sorted(graph.items()):
+        place = _place(module)
+        for target in sorted(imported):
+            goes_to = _place(target)
+            if place in SHARED:
+                allowed = goes_to in SHARED
+            elif place in MAY_IMPORT:
+                allowed = goes_to in SHARED or goes_to == place or goes_to in MAY_IMPORT[place]
+            else:  # the API and the command
+                allowed = True
+            if not allowed:
+                errors.append(f"{module} imports {target}")
+    return errors
+
+
+def test_layering_errors_are_found() -> None:
+    graph = {"otel_graph.export.sdk": {"otel_graph.telemetry.tracker", "otel_graph.config"},
+             "otel_graph.naming": {"otel_graph.report.text"},
+             "otel_graph.report.text": {"otel_graph.cli"},
+             "otel_graph.cli": {"otel_graph.report.text", "otel_graph.cluster.client"}}
+    assert layering_errors(graph) == ["otel_graph.export.sdk imports otel_graph.telemetry.tracker",
+                                      "otel_graph.naming imports otel_graph.report.text",
+                                      "otel_graph.report.text imports otel_graph.cli"]
+
+
+def test_concern_packages_import_downward_only() -> None:
+    assert layering_errors(import_graph()) == []
+
+
+def test_every_package_has_its_place_and_says_what_it_may_import() -> None:
+    packages = {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
+    assert packages == set(MAY_IMPORT)
+    for package in MAY_IMPORT:
+        doc = (PACKAGE / package / "__init__.py").read_text(encoding="utf-8")
+        assert doc.startswith('"""') and "May import" in doc, package
+
+
+def test_no_module_too_long() -> None:
+    long = {name: lines for name, path in _modules().items()
+            if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert long == {}

@@ -24,9 +24,9 @@ from otel_graph.cluster.ledger import (  # noqa: E402
     MetricLedger,
 )
 from otel_graph.cluster.scheduler import SchedulerTelemetryPlugin  # noqa: E402
-from otel_graph.events import OTHER_PREFIXES  # noqa: E402
-from otel_graph.metrics import MAX_METRIC_PREFIXES  # noqa: E402
-from otel_graph.policy import MAX_AGGREGATES  # noqa: E402
+from otel_graph.naming import OTHER_PREFIXES  # noqa: E402
+from otel_graph.telemetry.metrics import MAX_METRIC_PREFIXES  # noqa: E402
+from otel_graph.telemetry.policy import MAX_AGGREGATES  # noqa: E402
 
 TP = "00-0000000000000000000000000000000a-000000000000000b-01"
 

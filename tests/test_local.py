@@ -50,8 +50,7 @@ def test_one_trace_per_compute_with_a_span_per_task(telemetry, scheduler):
 def test_a_graph_node_that_cannot_be_walked_keeps_its_span_without_its_function(telemetry, monkeypatch):
     # Naming a node's functions walks user data (nested tasks, containers); a walk that raises
     # costs that span its code.function.name, not the span, nor the compute's other spans.
-    from otel_graph import spans
-
+    from otel_graph.telemetry import spans
     walk = spans._FunctionNames._visit
 
     def visit(self, value, names, depth, *, known):
@@ -574,7 +573,7 @@ def test_a_failed_computes_traceback_shows_no_frame_of_otel_graph(scheduler, sho
 
 SMALL_COMPUTES = r"""
 import dask, otel_graph
-from otel_graph.tracker import ASIDE_COMPUTES
+from otel_graph.telemetry.tracker import ASIDE_COMPUTES
 handle = otel_graph.instrument_scheduler(resources=False, drain_interval_s=3600)  # the tracker's thread stays out
 def inc(x): return x + 1
 def made():
@@ -606,7 +605,7 @@ def test_small_computes_spans_are_made_together_by_the_thread_that_computed(rece
     env = otlp_env(receiver.grpc_endpoint, "grpc", OTEL_METRICS_EXPORTER="none")  # spans encoded as they end
     run = subprocess.run([sys.executable, "-c", SMALL_COMPUTES], env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-3000:]
-    from otel_graph.tracker import ASIDE_COMPUTES
+    from otel_graph.telemetry.tracker import ASIDE_COMPUTES
 
     counts = {(line.split()[0], line.split()[1]): int(line.split()[2]) for line in run.stdout.splitlines()
               if line.startswith(("ASIDE", "BUILT"))}
@@ -647,7 +646,7 @@ def test_the_providers_force_flush_makes_and_exports_small_computes_set_aside(re
 
 def test_a_process_pool_worker_imports_no_opentelemetry(telemetry):
     """Dask's processes scheduler starts a pool per compute; what otel_graph sends its workers
-    (otel_graph.task_runner) must not make each of them import OpenTelemetry (10-25 ms)."""
+    (otel_graph.capture.task_runner) must not make each of them import OpenTelemetry (10-25 ms)."""
     from graphs import loaded_modules
 
     (loaded,) = dask.compute(dask.delayed(loaded_modules)("opentelemetry"), scheduler="processes")

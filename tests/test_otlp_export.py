@@ -304,10 +304,10 @@ def test_under_opentelemetry_instrument_without_code_change(receiver):
 
 
 def test_exit_tells_a_collector_that_is_down_from_one_that_listens():
-    # otel_graph.endpoint: what exit asks when an export fails (OwnedSdk.collector_answers).
+    # otel_graph.export.endpoint: what exit asks when an export fails (OwnedSdk.collector_answers).
     import socket
 
-    from otel_graph.endpoint import collector_address, listening
+    from otel_graph.export.endpoint import collector_address, listening
 
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))

@@ -1,4 +1,4 @@
-"""``otel_graph.otlp_fast``: equal to the stock OTLP encoder, and delivered by the stock exporters.
+"""``otel_graph.export.otlp_fast``: equal to the stock OTLP encoder, and delivered by the stock exporters.
 
 Equality is protobuf message equality against
 ``opentelemetry.exporter.otlp.proto.common.trace_encoder.encode_spans``, with no
@@ -38,8 +38,8 @@ from opentelemetry.trace import (
     set_span_in_context,
 )
 
-from otel_graph.otlp_fast import EncodedSpans, _encode_request, encode_chunks, encode_spans_fast
-from otel_graph.sdk_internals import fast_span_exporter, otlp_span_exporter, takes_encoded_chunks
+from otel_graph.export.otlp_fast import EncodedSpans, _encode_request, encode_chunks, encode_spans_fast
+from otel_graph.export.sdk_internals import fast_span_exporter, otlp_span_exporter, takes_encoded_chunks
 from otlp_receiver import OtlpReceiver
 
 SCHEMA = "https://opentelemetry.io/schemas/1.26.0"
@@ -377,8 +377,7 @@ def test_an_http_exporter_whose_private_parts_changed_delivers_through_the_stock
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     from opentelemetry.exporter.otlp.proto.http import _common
 
-    from otel_graph import sdk_internals
-
+    from otel_graph.export import sdk_internals
     monkeypatch.setattr(sdk_internals, "_SAID", set())
     monkeypatch.delattr(_common, "_is_request_too_large")  # as if a release renamed it
     with OtlpReceiver() as receiver:
@@ -399,8 +398,7 @@ def test_an_http_exporter_whose_private_parts_changed_delivers_through_the_stock
 
 def test_a_grpc_exporter_whose_encoder_hook_changed_encodes_with_the_stock_encoder(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    from otel_graph import sdk_internals
-
+    from otel_graph.export import sdk_internals
     monkeypatch.setattr(sdk_internals, "_SAID", set())
     original = grpc_trace_exporter.OTLPSpanExporter._translate_data
 
@@ -424,8 +422,7 @@ def test_grpc_requests_go_serialized_also_after_a_reconnect(stub_known: bool, mo
                                                             caplog: pytest.LogCaptureFixture) -> None:
     """The gRPC exporter sends otel_graph's bytes as they are, with the client it remakes on a
     reconnect too; where its stub is not the one known, each request is parsed first, and said."""
-    from otel_graph import sdk_internals
-
+    from otel_graph.export import sdk_internals
     monkeypatch.setattr(sdk_internals, "_SAID", set())
 
     class Unknown(grpc_trace_exporter.TraceServiceStub):  # an unknown stub, as a release might bring
@@ -455,8 +452,8 @@ def test_a_metric_exporter_without_its_preferences_is_still_counted(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
 
-    from otel_graph import sdk_internals
-    from otel_graph.pipeline import CountingMetricExporter
+    from otel_graph.export import sdk_internals
+    from otel_graph.export.pipeline import CountingMetricExporter
 
     class Bare(MetricExporter):
         def __init__(self) -> None:  # never calls the base: no _preferred_* attributes
@@ -486,8 +483,8 @@ def test_spans_encoded_as_they_end_arrive_as_stock_encodes_them(protocol: str, m
                                                                 ) -> None:
     """otel_graph's own spans, queued encoded (no ReadableSpan) for its OTLP exporters, arrive
     exactly as the stock encoder encodes the ReadableSpans the same calls make elsewhere."""
-    from otel_graph.pipeline import ReliableSpanProcessor
-    from otel_graph.spans import UNSET_STATUS, DirectEmitter
+    from otel_graph.export.pipeline import ReliableSpanProcessor
+    from otel_graph.telemetry.spans import UNSET_STATUS, DirectEmitter
 
     def hand_over_all(emitter: DirectEmitter) -> None:
         parent = _context(0xFEED, 0xBEEF)
@@ -531,7 +528,7 @@ def test_spans_encoded_as_they_end_arrive_as_stock_encodes_them(protocol: str, m
 def test_spans_encoded_as_they_end_group_with_readable_spans_as_stock() -> None:
     """A batch mixing encoded spans and ReadableSpans of another resource: grouped by
     resource and scope, in first-seen order, as stock groups the equivalent spans."""
-    from otel_graph.otlp_fast import new_memo, origin, span_entry
+    from otel_graph.export.otlp_fast import new_memo, origin, span_entry
 
     other = Resource({"service.name": "worker"})
     parent = _context(0xFEED, 0xBEEF)
@@ -557,7 +554,7 @@ def test_spans_encoded_as_they_end_group_with_readable_spans_as_stock() -> None:
 def _encoded_spans(count: int, resource: Resource, scope: InstrumentationScope | None, *, key_chars: int = 6,
                    ) -> tuple[list[ReadableSpan], list[tuple[bytes, int]]]:
     """``count`` task-like spans of ``resource`` and ``scope``, as ReadableSpans and as encoded as they end."""
-    from otel_graph.otlp_fast import new_memo, origin, span_entry
+    from otel_graph.export.otlp_fast import new_memo, origin, span_entry
 
     parent, memo = _context(0xFEED, 0xBEEF), new_memo()
     readable = [ReadableSpan(name="inc", context=_context(0xFEED, i + 1), parent=parent, resource=resource,
@@ -611,8 +608,8 @@ def test_a_batch_taken_all_encoded_weighs_what_its_spans_weigh(monkeypatch: pyte
     """The export thread takes a batch of encoded spans whole (loops in C); its weight is its spans'
     _weight summed, large entries included (one of exactly SPAN_BYTES too), as a batch taken span
     by span (one not encoded among them) weighs; the rest stays queued, in order."""
-    from otel_graph import pipeline
-    from otel_graph.pipeline import SPAN_BYTES, ReliableSpanProcessor, _weight
+    from otel_graph.export import pipeline
+    from otel_graph.export.pipeline import SPAN_BYTES, ReliableSpanProcessor, _weight
 
     one_by_one: list[int] = []
     take_any = pipeline._take_any
@@ -646,8 +643,8 @@ def test_a_batch_taken_all_encoded_weighs_what_its_spans_weigh(monkeypatch: pyte
 def test_a_delivery_reader_gets_readable_spans(monkeypatch: pytest.MonkeyPatch) -> None:
     """A processor whose delivered spans are read back (a dask.distributed worker's ledger)
     is handed ReadableSpans, not encoded ones, from the moment the reader is set."""
-    from otel_graph.pipeline import ReliableSpanProcessor
-    from otel_graph.spans import DirectEmitter
+    from otel_graph.export.pipeline import ReliableSpanProcessor
+    from otel_graph.telemetry.spans import DirectEmitter
 
     delivered: list[Any] = []
     with OtlpReceiver() as receiver:
@@ -672,7 +669,7 @@ def test_a_delivery_reader_gets_readable_spans(monkeypatch: pytest.MonkeyPatch) 
 def test_a_long_lived_memo_keeps_no_long_strings() -> None:
     """An emitter's memo outlives requests: stack traces and messages, which rarely repeat,
     must not stay in it (1,300 distinct tracebacks once held 53 MB after their export)."""
-    from otel_graph.otlp_fast import new_memo, span_entry
+    from otel_graph.export.otlp_fast import new_memo, span_entry
 
     memo = new_memo()
     status = Status(StatusCode.ERROR, "boom")
@@ -689,7 +686,7 @@ def test_a_long_lived_memo_keeps_no_long_strings() -> None:
 def test_spans_queued_together_are_counted_one_by_one() -> None:
     """Encoded spans handed over together (a small compute's) are weighed, dropped past the
     queue's bound and counted undelivered after shutdown each on its own."""
-    from otel_graph.pipeline import ReliableSpanProcessor
+    from otel_graph.export.pipeline import ReliableSpanProcessor
 
     exported = InMemorySpanExporter()
     processor = ReliableSpanProcessor(exported, max_queued=3, schedule_delay_s=60)
@@ -705,7 +702,7 @@ def test_spans_queued_together_are_counted_one_by_one() -> None:
 def test_spans_queued_together_weigh_what_each_weighs_alone() -> None:
     """A batch's weight (on_end_encoded_many adds it up in a loop of its own) is the sum of its
     spans' _weight, large spans included, so the queue's bound holds whichever way they come."""
-    from otel_graph.pipeline import SPAN_BYTES, ReliableSpanProcessor, _weight
+    from otel_graph.export.pipeline import SPAN_BYTES, ReliableSpanProcessor, _weight
 
     spans = [(b"x" * size, 0) for size in (10, SPAN_BYTES - 1, SPAN_BYTES, 3 * SPAN_BYTES + 7, 0)]
     together = ReliableSpanProcessor(InMemorySpanExporter(), max_queued=10_000, schedule_delay_s=60)
@@ -724,7 +721,7 @@ def test_spans_queued_together_weigh_what_each_weighs_alone() -> None:
 def test_a_keyed_string_is_the_generic_attribute_byte_for_byte(length: int) -> None:
     """The task key's short path writes the bytes the generic encoder writes, at every length
     where a varint grows a byte."""
-    from otel_graph.otlp_fast import attribute_head, encoded_attribute, keyed_string, new_memo
+    from otel_graph.export.otlp_fast import attribute_head, encoded_attribute, keyed_string, new_memo
 
     for text in ("k" * length, "ü" * (length // 2)):
         for name in ("dask.task.key", "a" * 120):
@@ -738,7 +735,7 @@ def test_a_child_entry_is_the_span_entry_of_the_same_span(name, times, attribute
     """child_entry writes a task span's fields itself (name, times, the entry's length): the
     same bytes as span_entry for the same span, memo warm or cold, and entries long enough for
     each length encoding (one byte, two, more)."""
-    from otel_graph.otlp_fast import child_entry, encoded_attributes, new_memo, span_entry
+    from otel_graph.export.otlp_fast import child_entry, encoded_attributes, new_memo, span_entry
 
     start, end = times
     attributes = {"dask.task.key": "k" * attribute_bytes} if attribute_bytes else {}

@@ -1,4 +1,4 @@
-"""``otel_graph.otlp_json``'s span lines: written straight from the spans, equal, key for key
+"""``otel_graph.export.otlp_json``'s span lines: written straight from the spans, equal, key for key
 and in the same order, to protobuf's JSON mapping of the stock request (the way they
 were written before, and the way any span the direct writer leaves alone still is)."""
 
@@ -15,8 +15,10 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
 from test_otlp_fast import ALL_TYPES, RESOURCE, SCOPE, _context, sdk_spans  # noqa: F401
 
-from otel_graph import otlp_fast, otlp_json
-from otel_graph.otlp_fast import encode_spans_fast
+from otel_graph.export import otlp_fast
+
+from otel_graph.export import otlp_json
+from otel_graph.export.otlp_fast import encode_spans_fast
 
 
 def mapped(spans: list[ReadableSpan]) -> str:

@@ -66,7 +66,7 @@ def test_a_stuck_tracker_costs_one_wait_not_one_per_compute():
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     import otel_graph
-    from otel_graph.tracker import MAX_BACKLOG
+    from otel_graph.telemetry.tracker import MAX_BACKLOG
 
     release = threading.Event()
 
@@ -108,9 +108,9 @@ def test_keys_that_are_each_their_own_prefix_keep_trace_and_metrics_bounded():
     """Cardinality with hostile keys: 5,001 prefixes in one compute. Its trace stays within
     the budget plus at most MAX_AGGREGATES + 1 aggregates, its task metrics within
     MAX_METRIC_PREFIXES labels plus the overflow set; every task is still counted."""
-    from otel_graph.events import OTHER_PREFIXES
-    from otel_graph.metrics import MAX_METRIC_PREFIXES
-    from otel_graph.policy import MAX_AGGREGATES
+    from otel_graph.naming import OTHER_PREFIXES
+    from otel_graph.telemetry.metrics import MAX_METRIC_PREFIXES
+    from otel_graph.telemetry.policy import MAX_AGGREGATES
 
     with OtlpReceiver() as receiver:
         env = subprocess_env(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.grpc_endpoint, OTEL_GRAPH_RESOURCES="false")

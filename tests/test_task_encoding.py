@@ -1,7 +1,7 @@
 """Task spans encoded straight from their records equal the generic path's spans.
 
 Where spans are encoded as they end, a successful task's span skips the attribute dict
-(otel_graph.task_encoding). Whatever the task (its key's shape, result size, dependencies,
+(otel_graph.telemetry.task_encoding). Whatever the task (its key's shape, result size, dependencies,
 fused functions, a parent with trace state), the request must be the stock encoder's for the
 ReadableSpan the generic path makes of the same record.
 """
@@ -23,10 +23,11 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 
 from graphs import add, inc
-from otel_graph.events import ErrorInfo, TaskEvent, task_prefix
-from otel_graph.otlp_fast import encode_spans_fast
-from otel_graph.spans import UNSET_STATUS, DirectEmitter, EncodedBatch, task_attributes, task_facts
-from otel_graph.task_encoding import TaskAttributeEncoder
+from otel_graph.naming import task_prefix
+from otel_graph.telemetry.events import ErrorInfo, TaskEvent
+from otel_graph.export.otlp_fast import encode_spans_fast
+from otel_graph.telemetry.spans import UNSET_STATUS, DirectEmitter, EncodedBatch, task_attributes, task_facts
+from otel_graph.telemetry.task_encoding import TaskAttributeEncoder
 
 RESOURCE = Resource({"service.name": "encoding-test"})
 SCOPE = InstrumentationScope("otel_graph", "1")
@@ -163,8 +164,8 @@ def test_spans_queued_together_that_a_processor_refuses_are_each_counted(caplog:
     that raises, each of them counts in span_errors, and the first says so."""
     from opentelemetry.metrics import NoOpMeter
 
-    from otel_graph.metrics import TaskMetrics
-    from otel_graph.tracker import Tracker
+    from otel_graph.telemetry.metrics import TaskMetrics
+    from otel_graph.telemetry.tracker import Tracker
 
     class Refusing(Encoded):
         def on_end_encoded_many(self, spans: list[tuple[bytes, int]]) -> None:
@@ -193,8 +194,8 @@ def test_a_halt_while_small_computes_spans_are_made_queues_what_was_built() -> N
     the next stays counted as unbuilt."""
     from opentelemetry.metrics import NoOpMeter
 
-    from otel_graph.metrics import TaskMetrics
-    from otel_graph.tracker import Tracker
+    from otel_graph.telemetry.metrics import TaskMetrics
+    from otel_graph.telemetry.tracker import Tracker
 
     tracker: Tracker
 
@@ -231,8 +232,8 @@ def test_a_halt_while_small_computes_spans_are_made_queues_what_was_built() -> N
 def _tracker(processor: Any, **options: Any) -> Any:
     from opentelemetry.metrics import NoOpMeter
 
-    from otel_graph.metrics import TaskMetrics
-    from otel_graph.tracker import Tracker
+    from otel_graph.telemetry.metrics import TaskMetrics
+    from otel_graph.telemetry.tracker import Tracker
 
     provider = TracerProvider(resource=RESOURCE)
     provider.add_span_processor(processor)
@@ -262,8 +263,7 @@ def test_a_prefix_first_seen_in_a_small_compute_names_its_spans(monkeypatch: pyt
     """The span names of a compute drained whole are asked as its prefixes are admitted to the
     metrics, task by task, failed tasks too: a prefix the process never saw names its spans
     itself, not "(other prefixes)"; past the limit, in the order the metrics admit them."""
-    from otel_graph import metrics
-
+    from otel_graph.telemetry import metrics
     encoded = Encoded()
     tracker = _tracker(encoded)
     try:
@@ -290,8 +290,7 @@ def test_a_large_computes_slices_are_queued_once_each_even_when_one_is_refused(
     """A compute past the whole drain's size goes through its span plan a slice of records at a
     time, each slice's spans queued together. A slice the processors refuse is counted in
     span_errors, once, and never queued again with the next; the others arrive, each once."""
-    from otel_graph import tracker as tracker_module
-
+    from otel_graph.telemetry import tracker as tracker_module
     class RefusesTheSecond(Encoded):
         calls = 0
 
@@ -324,8 +323,7 @@ def test_a_large_computes_slices_are_queued_once_each_even_when_one_is_refused(
 def test_a_large_computes_spans_are_queued_a_few_hundred_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """The span plan's spans go to the export queue in batches of BATCH_SPANS as they are made,
     not a slice at the end: the exporter starts on them while the rest are made."""
-    from otel_graph import tracker as tracker_module
-
+    from otel_graph.telemetry import tracker as tracker_module
     class Sizes(Encoded):
         def __init__(self) -> None:
             super().__init__()
@@ -351,7 +349,7 @@ def test_the_memo_of_spans_encoded_as_they_end_stays_bounded(batched: bool) -> N
     """The memo of (attribute, value) pairs outlives every batch: each new task key is a new
     pair, so an emitter must start a new memo once it holds too many, whether its spans go in
     batches (a small compute's) or one by one; and a span encoded after that is still whole."""
-    from otel_graph.spans import _MEMO_PAIRS
+    from otel_graph.telemetry.spans import _MEMO_PAIRS
 
     provider = TracerProvider(resource=RESOURCE)
     encoded = Encoded()
@@ -382,8 +380,8 @@ def test_small_computes_set_aside_are_made_by_a_flush_and_at_stop() -> None:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from otel_graph.metrics import TaskMetrics
-    from otel_graph.tracker import ASIDE_COMPUTES, Tracker
+    from otel_graph.telemetry.metrics import TaskMetrics
+    from otel_graph.telemetry.tracker import ASIDE_COMPUTES, Tracker
 
     provider = TracerProvider(resource=RESOURCE)
     encoded = Encoded()
@@ -457,7 +455,7 @@ def test_a_compute_the_tracker_drained_while_it_was_being_set_aside_is_not_made_
     """The tracker's thread drains running computes: if it takes a compute's records while its
     thread is reading them to set it aside, the compute is drained there instead, each task
     a span once."""
-    import otel_graph.tracker as tracker_module
+    import otel_graph.telemetry.tracker as tracker_module
 
     encoded = Encoded()
     tracker = _tracker(encoded, drain_interval_s=3600)
@@ -497,7 +495,7 @@ def test_each_task_of_a_compute_set_aside_is_named_by_its_own_callable() -> None
 
     import numpy as np
 
-    from otel_graph.tracker import Tracker
+    from otel_graph.telemetry.tracker import Tracker
 
     first = [np.add, np.sum, operator.itemgetter(0), partial(np.multiply, 1), np.add]
     second = [np.subtract, np.mean, operator.attrgetter("real"), partial(np.divide, 1)]
@@ -534,7 +532,7 @@ def test_a_pool_computes_early_drain_leaves_the_computes_set_aside_to_their_batc
     import time
 
     from otel_graph.config import DEFAULT_EARLY_DRAIN_TASKS as EARLY_DRAIN_EVENTS
-    from otel_graph.tracker import Tracker
+    from otel_graph.telemetry.tracker import Tracker
 
     encoded = Encoded()
     tracker: Tracker = _tracker(encoded, drain_interval_s=3600)

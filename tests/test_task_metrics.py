@@ -14,10 +14,10 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from otel_graph.events import TaskEvent, describe_exception
-from otel_graph.histograms import HistogramSet
-from otel_graph.metrics import FOLD_AT, TaskMetrics
-from otel_graph.pipeline import CountingMetricExporter
+from otel_graph.telemetry.events import TaskEvent, describe_exception
+from otel_graph.export.histograms import HistogramSet
+from otel_graph.telemetry.metrics import FOLD_AT, TaskMetrics
+from otel_graph.export.pipeline import CountingMetricExporter
 
 
 def _points(histograms: HistogramSet, temporality: AggregationTemporality) -> dict:
@@ -83,8 +83,7 @@ def _push(metrics: TaskMetrics, exporter: CountingMetricExporter, prefix: str) -
 
 
 def test_a_push_exporter_is_sent_unchanged_cumulative_series_only_now_and_then(monkeypatch) -> None:
-    from otel_graph import histograms as module
-
+    from otel_graph.export import histograms as module
     histograms = HistogramSet(InstrumentationScope("test"))
     metrics = TaskMetrics(NoOpMeter("test"), histograms=histograms)
     exporter = CountingMetricExporter(Recording(), histograms=histograms)

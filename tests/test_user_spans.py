@@ -1,7 +1,7 @@
 """User code with its own OpenTelemetry spans inside tasks: they nest under the task's span.
 
 Task spans are built after the tasks ran; the span ids handed out while they ran (see
-``otel_graph/task_context.py``) must be the ones the task spans arrive with, at a real
+``otel_graph/telemetry/task_context.py``) must be the ones the task spans arrive with, at a real
 OTLP receiver, whatever the span budget.
 """
 

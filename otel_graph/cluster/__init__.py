@@ -18,4 +18,10 @@ nothing per task:
   distributed's fine performance metrics as counters (:mod:`.fine_metrics`);
 * :mod:`.adapter`: the only module that reads distributed's internals;
 * :mod:`.preload`: ``dask scheduler|worker --preload otel_graph``.
+
+A worker's task records go through :mod:`otel_graph.telemetry` as the local schedulers' do.
+
+May import: :mod:`otel_graph.telemetry`, :mod:`otel_graph.readings`, :mod:`otel_graph.export`
+and the shared modules at the top. ``distributed`` is imported where it is used, never when
+the package is: the local schedulers' users need not have it.
 """

@@ -46,7 +46,9 @@ from collections.abc import Iterable
 from itertools import islice
 from typing import Any, NamedTuple
 
-from otel_graph.events import MAX_DEPENDENCIES, ErrorInfo, describe_exception, safe_text
+from otel_graph.naming import MAX_DEPENDENCIES, safe_text
+
+from otel_graph.telemetry.events import ErrorInfo, describe_exception
 
 logger = logging.getLogger("otel_graph")
 

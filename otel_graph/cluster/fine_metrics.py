@@ -44,7 +44,7 @@ from typing import Any
 from opentelemetry.metrics import Observation
 
 from otel_graph.cluster import adapter
-from otel_graph.events import OTHER_PREFIXES
+from otel_graph.naming import OTHER_PREFIXES
 
 logger = logging.getLogger("otel_graph")
 

@@ -38,7 +38,7 @@ Limits: a kill within milliseconds of an export, before its report reaches the
 scheduler, counts those tasks twice; a worker whose stream to the scheduler breaks while
 it lives on has its unreported tasks counted as lost, though it may still deliver them.
 
-Prefixes: past :data:`~otel_graph.policy.MAX_AGGREGATES` of a compute on a worker, the
+Prefixes: past :data:`~otel_graph.telemetry.policy.MAX_AGGREGATES` of a compute on a worker, the
 ledger folds them into ``OTHER_PREFIXES`` as the worker folds its aggregates. The two may
 fold differently (the worker only folds what its budget leaves over), so a delivery that
 finds no tally of its prefix is taken from the compute's others: a compute's total is
@@ -80,9 +80,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from otel_graph.events import OTHER_PREFIXES, fold_prefix
-from otel_graph.metrics import MAX_METRIC_PREFIXES
-from otel_graph.policy import MAX_AGGREGATES
+from otel_graph.naming import OTHER_PREFIXES, fold_prefix
+from otel_graph.telemetry.metrics import MAX_METRIC_PREFIXES
+from otel_graph.telemetry.policy import MAX_AGGREGATES
 
 logger = logging.getLogger("otel_graph")
 

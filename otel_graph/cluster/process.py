@@ -161,7 +161,7 @@ def _on_sigterm(signum: int, frame: Any) -> None:
             # What a normal exit runs (the atexit hook), on a thread of its own: this thread
             # was interrupted anywhere, maybe holding a lock delivery needs, and the wait
             # must have a hard bound however the collector behaves.
-            from otel_graph.process_state import deliver_at_exit
+            from otel_graph.telemetry.process_state import deliver_at_exit
 
             delivery = threading.Thread(target=deliver_at_exit, name="otel-graph-sigterm", daemon=True)
             delivery.start()
@@ -234,8 +234,8 @@ def process_providers(settings: Any, resource_attributes: dict[str, Any]) -> Any
     """
     from dataclasses import replace
 
-    from otel_graph.process_state import providers_for
-    from otel_graph.sdk import PortInUse
+    from otel_graph.telemetry.process_state import providers_for
+    from otel_graph.export.sdk import PortInUse
 
     try:
         return providers_for(settings, resource_attributes=resource_attributes)
@@ -267,7 +267,7 @@ def _observe_spill(meter_provider: Any) -> None:
     Per-task ``disk-read``/``disk-write`` spans only exist where distributed timed one
     above 5 ms; these counters count every spill.
     """
-    from otel_graph.process_state import SCOPE
+    from otel_graph.telemetry.process_state import SCOPE
 
     if meter_provider in _SPILL_OBSERVED:
         return

@@ -62,7 +62,7 @@ from otel_graph.cluster.propagation import (
     traceparent_of,
     unseal_env,
 )
-from otel_graph.events import OTHER_PREFIXES
+from otel_graph.naming import OTHER_PREFIXES
 
 logger = logging.getLogger("otel_graph")
 
@@ -194,7 +194,7 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
         """
         from otel_graph.config import load_settings
         from otel_graph.cluster.process import process_providers
-        from otel_graph.process_state import SCOPE, ensure_exit_hook, live_providers
+        from otel_graph.telemetry.process_state import SCOPE, ensure_exit_hook, live_providers
 
         providers = live_providers()
         if providers is None:

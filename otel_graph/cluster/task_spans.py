@@ -39,9 +39,9 @@ from opentelemetry import trace
 from otel_graph.cluster import adapter
 from otel_graph.cluster.process import _count_deliveries, _next_session, _ProcessTelemetry
 from otel_graph.cluster.propagation import awaiting_notes, budget_of, parent_span, take_note, traceparent_of
-from otel_graph.events import task_prefix
-from otel_graph.policy import Aggregate, SpanPlan
-from otel_graph.spans import aggregate_attributes, function_names, key_text, run_attributes
+from otel_graph.naming import task_prefix
+from otel_graph.telemetry.policy import Aggregate, SpanPlan
+from otel_graph.telemetry.spans import aggregate_attributes, function_names, key_text, run_attributes
 
 logger = logging.getLogger("otel_graph")
 
@@ -266,7 +266,7 @@ class WorkerTelemetry:
         was recorded under, which it flushes last. (Dropping it here, as once, lost a
         compute's task spans when a drain fell between the two.)
         """
-        from otel_graph.process_state import live_providers
+        from otel_graph.telemetry.process_state import live_providers
 
         live = live_providers()
         if live is not None and live is not self._providers:

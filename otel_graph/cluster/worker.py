@@ -60,7 +60,7 @@ def _trace_nested_computes(providers: Any, settings: Any, *, nested_capture: Cal
     """
     if _ProcessTelemetry.nested is not None or nested_capture is None:
         return
-    from otel_graph.tracker import Tracker
+    from otel_graph.telemetry.tracker import Tracker
 
     tracker = Tracker(tracer=providers.tracer, emitter=providers.emitter,
                       metrics=providers.instruments.task_metrics, max_task_spans=settings.max_task_spans,
@@ -74,7 +74,7 @@ def _trace_nested_computes(providers: Any, settings: Any, *, nested_capture: Cal
 def _start(worker: Any, client_env: dict[str, str], *, nested_capture: Callable[..., Any] | None
            ) -> WorkerTelemetry | None:
     from otel_graph.config import load_settings
-    from otel_graph.process_state import add_aggregated_source, before_exit, ensure_exit_hook, live_providers
+    from otel_graph.telemetry.process_state import add_aggregated_source, before_exit, ensure_exit_hook, live_providers
 
     with _ProcessTelemetry.lock:
         current = _ProcessTelemetry.by_worker.get(worker)
@@ -186,7 +186,7 @@ class WorkerTelemetryPlugin(WorkerPlugin):
     def _revive(self) -> WorkerTelemetry | None:
         """An in-process worker whose telemetry ended with an ``uninstrument()`` and whose
         process is instrumented again: start anew with the new instrumentation."""
-        from otel_graph.process_state import live_providers
+        from otel_graph.telemetry.process_state import live_providers
 
         if self._worker is None or live_providers() is None:
             return None

@@ -1,6 +1,6 @@
 """``otel-graph report``: the text report over OTLP JSON files (and, with ``--html``, the HTML one).
 
-Sections, each from :mod:`otel_graph.analysis`: the per-prefix bottleneck table (DASF's
+Sections, each from :mod:`otel_graph.report.analysis`: the per-prefix bottleneck table (DASF's
 columns), the slowest tasks, per-worker balance over time, and each compute's critical
 path. :func:`load` streams the files once, showing progress on large inputs, and says
 on stderr what it left out of them (unreadable lines, out-of-range values).
@@ -9,7 +9,7 @@ Text from the telemetry (keys, prefixes, worker ids) is untrusted: in the text r
 its control and other non-printable characters are escaped (an ANSI or OSC sequence in
 a key must not reach the terminal) and cells longer than :data:`MAX_CELL_CHARS` are cut
 in the middle, with an ellipsis. The files the command writes (``report.html``, the
-Chrome export) are readable by their owner only (:mod:`otel_graph.private_files`).
+Chrome export) are readable by their owner only (:mod:`otel_graph.report.private_files`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from otel_graph.analysis import (
+from otel_graph.report.analysis import (
     Compute,
     CriticalPath,
     Step,
@@ -32,7 +32,7 @@ from otel_graph.analysis import (
     slowest_tasks,
     worker_balance,
 )
-from otel_graph.otlp_read import Point, Progress, Span, TelemetryFile
+from otel_graph.report.otlp_read import Point, Progress, Span, TelemetryFile
 
 #: Computes whose critical path is printed (the longest first).
 PATHS_SHOWN = 3
@@ -49,7 +49,7 @@ class Loaded:
 
 
 def write_html(loaded: Loaded, path: Path) -> None:
-    from otel_graph.html_report import write_html as write
+    from otel_graph.report.html import write_html as write
 
     write(loaded, path)
 

@@ -12,7 +12,7 @@ process's first ``metrics.MAX_METRIC_PREFIXES`` prefixes, spans are named
 ``thread.id``                  the thread that ran the task
 ``dask.task.nbytes``           ``dask.sizeof`` of the result
 ``dask.task.type``             the result's type name
-``dask.task.dependencies``     dependency keys, at most :data:`~otel_graph.events.MAX_DEPENDENCIES`
+``dask.task.dependencies``     dependency keys, at most :data:`~otel_graph.naming.MAX_DEPENDENCIES`
 ``dask.task.dependency_count`` all dependencies, even past that bound
 ``dask.task.dependent_count``  tasks that consume this one's result
 ``code.function.name``         the function; for fused tasks and ``toolz.compose`` the inner ones,
@@ -44,12 +44,13 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode, TraceFlags
 from toolz.functoolz import Compose
 
-from otel_graph.events import (AT_END, AT_ERROR, AT_KEY, AT_NBYTES, AT_START, INT64_MAX, MAX_DEPENDENCIES, MAX_KEY_CHARS,
-                               OTHER_PREFIXES, ErrorInfo, TaskEvent, key_to_str, safe_text, task_prefix)
-from otel_graph.policy import Aggregate
+from otel_graph.naming import INT64_MAX, MAX_DEPENDENCIES, MAX_KEY_CHARS, OTHER_PREFIXES, key_to_str, safe_text, task_prefix
+
+from otel_graph.telemetry.events import AT_END, AT_ERROR, AT_KEY, AT_NBYTES, AT_START, ErrorInfo, TaskEvent
+from otel_graph.telemetry.policy import Aggregate
 
 if TYPE_CHECKING:
-    from otel_graph.metrics import Run
+    from otel_graph.telemetry.metrics import Run
 
 MAX_FUNCTION_NAMES = 16
 #: Partials of partials looked through to name the function at the bottom.
@@ -192,7 +193,7 @@ _rendered = lru_cache(maxsize=1 << 14)(key_to_str)
 
 
 def key_text(key: Any) -> str:
-    """:func:`otel_graph.events.key_to_str`, remembered; a short ASCII string is its own text,
+    """:func:`otel_graph.naming.key_to_str`, remembered; a short ASCII string is its own text,
     with nothing remembered: most keys are, and many are seen once (a delayed call's)."""
     if type(key) is str and len(key) <= MAX_KEY_CHARS and key.isascii():
         return key
@@ -217,7 +218,7 @@ def run_attributes(ev: Any, prefix: str) -> dict[str, Any]:
 
 
 def dependency_keys(deps: Collection[Any]) -> tuple[str, ...]:
-    """``dask.task.dependencies``: the keys as text, sorted; past :data:`~otel_graph.events.MAX_DEPENDENCIES`, a
+    """``dask.task.dependencies``: the keys as text, sorted; past :data:`~otel_graph.naming.MAX_DEPENDENCIES`, a
     bounded sample of them rather than 10^4 keys rendered per span."""
     shown = deps if len(deps) <= MAX_DEPENDENCIES else islice(deps, MAX_DEPENDENCIES)
     return tuple(sorted(map(key_text, shown)))
@@ -327,7 +328,7 @@ class ApiEmitter:
 class DirectEmitter:
     """ReadableSpans handed straight to an SDK provider's processors (providers we built)."""
 
-    #: emit() takes the span id given out while the task ran (otel_graph.task_context).
+    #: emit() takes the span id given out while the task ran (otel_graph.telemetry.task_context).
     sets_span_ids = True
 
     def __init__(self, provider: Any, scope: Any) -> None:
@@ -335,7 +336,7 @@ class DirectEmitter:
         from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
         from opentelemetry.trace import SpanContext
 
-        from otel_graph.sdk_internals import follows_parent, processors_behind, span_processor
+        from otel_graph.export.sdk_internals import follows_parent, processors_behind, span_processor
 
         self._processor = span_processor(provider)
         #: The provider's processor, where its list of processors can be read (each span asks
@@ -347,7 +348,7 @@ class DirectEmitter:
         self._readable = ReadableSpan
         #: The SDK's span event class (a compute's root span makes its events with it too).
         self.event = Event
-        #: What a root span is made with (otel_graph.compute_span), as the provider's tracer would.
+        #: What a root span is made with (otel_graph.telemetry.compute_span), as the provider's tracer would.
         self.sampler, self.id_generator = provider.sampler, provider.id_generator
         #: The id generator is the SDK's RandomIdGenerator itself (a root span draws its ids as it does).
         self.draws_ids = type(provider.id_generator) is RandomIdGenerator
@@ -459,7 +460,7 @@ class DirectEmitter:
         """One finished span, cut to the span limits, to the provider's processors.
 
         Encoded here, once, when every processor queues it for an exporter of encoded
-        chunks (:mod:`otel_graph.otlp_fast`): no ``ReadableSpan`` is made, nor encoded later.
+        chunks (:mod:`otel_graph.export.otlp_fast`): no ``ReadableSpan`` is made, nor encoded later.
         """
         self._hand_over(name, context, parent, start_ns, end_ns, attributes, events, status)
 
@@ -517,13 +518,13 @@ class EncodedBatch(list):  # type: ignore[type-arg]
         """Task records (TaskEvent's fields), each with its :data:`TaskFacts`,
         as task spans, children of the span whose context is ``parent`` (a SpanContext, or a tuple
         of its first five fields), in one pass:
-        the tasks' runs, for :meth:`otel_graph.metrics.TaskMetrics.record_runs`, and the tasks
+        the tasks' runs, for :meth:`otel_graph.telemetry.metrics.TaskMetrics.record_runs`, and the tasks
         left out, ``(event, prefix)``.
 
-        Each task is labelled ``label(prefix)`` (:meth:`~otel_graph.metrics.TaskMetrics.label`),
+        Each task is labelled ``label(prefix)`` (:meth:`~otel_graph.telemetry.metrics.TaskMetrics.label`),
         in order, failed ones too, and its span named by the label. One that succeeded is added
         as :meth:`add_task` adds it, its attributes ``encode(ev, prefix, facts, memo)``
-        (:meth:`otel_graph.task_encoding.TaskAttributeEncoder.encode`). Left out, for :meth:`DirectEmitter.emit` to make: failed
+        (:meth:`otel_graph.telemetry.task_encoding.TaskAttributeEncoder.encode`). Left out, for :meth:`DirectEmitter.emit` to make: failed
         tasks (their spans carry an exception event), and those whose attributes raised (the
         generic path logs the attribute and leaves it out)."""
         parts = self.parts
@@ -554,7 +555,7 @@ class EncodedBatch(list):  # type: ignore[type-arg]
                  graph: Any, state: Any) -> bool:
         """The span of a task that succeeded, a child of ``parent`` named ``name`` (status UNSET,
         no events), encoded into this batch, its attributes ``encode(ev, prefix, graph, state,
-        memo)`` (:class:`otel_graph.task_encoding.TaskAttributeEncoder`): no attribute dict, no
+        memo)`` (:class:`otel_graph.telemetry.task_encoding.TaskAttributeEncoder`): no attribute dict, no
         span context, no ``ReadableSpan``. False, having added nothing, for a failed task or
         attributes that raised: :meth:`DirectEmitter.emit` then makes it."""
         if ev.error is not None:
@@ -580,7 +581,7 @@ class EncodedBatch(list):  # type: ignore[type-arg]
 
 def span_context_of(fields: tuple[Any, ...]) -> trace.SpanContext:
     """The SpanContext of a plain tuple of its first five fields (a set-aside root's context:
-    :meth:`otel_graph.compute_span.ComputeSpan.end_aside`)."""
+    :meth:`otel_graph.telemetry.compute_span.ComputeSpan.end_aside`)."""
     trace_id, span_id, remote, flags, state = fields
     return trace.SpanContext(trace_id, span_id, remote, TraceFlags(flags), state)
 
@@ -605,7 +606,7 @@ class _Encoding:
     __slots__ = ("span_entry", "simple_entry", "child_entry", "memo", "origin")
 
     def __init__(self, resource: Any, scope: Any) -> None:
-        from otel_graph.otlp_fast import child_entry, new_memo, origin, simple_entry, span_entry
+        from otel_graph.export.otlp_fast import child_entry, new_memo, origin, simple_entry, span_entry
 
         self.span_entry, self.simple_entry, self.child_entry = span_entry, simple_entry, child_entry
         self.memo = new_memo()

@@ -27,7 +27,7 @@ the collector does. :class:`ReliableSpanProcessor` instead:
   counting what is left as undelivered.
 
 :class:`CountingMetricExporter` wraps a metric exporter to count the data points it
-delivered and failed to deliver. Both feed :func:`otel_graph.metrics.observe_delivery`
+delivered and failed to deliver. Both feed :func:`otel_graph.telemetry.metrics.observe_delivery`
 and the one warning printed when anything was not delivered.
 """
 
@@ -54,8 +54,8 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_graph.config import DEFAULT_EXIT_TIMEOUT_S
-from otel_graph.forks import forked_child_drops, stands_down
-from otel_graph.histograms import HistogramSet
+from otel_graph.export.forks import forked_child_drops, stands_down
+from otel_graph.export.histograms import HistogramSet
 
 logger = logging.getLogger("otel_graph")
 
@@ -86,7 +86,7 @@ SPAN_BYTES = 2_500
 
 
 #: What the span queue holds: a ReadableSpan, or a span encoded as it ended, (its
-#: ``ScopeSpans.spans`` entry, its origin: :func:`otel_graph.otlp_fast.origin`).
+#: ``ScopeSpans.spans`` entry, its origin: :func:`otel_graph.export.otlp_fast.origin`).
 Queued = ReadableSpan | tuple[bytes, int]
 
 
@@ -104,7 +104,7 @@ def _weight(span: Queued) -> int:
 
 
 def _takes_encoded_chunks(exporter: SpanExporter) -> bool:
-    internals = sys.modules.get("otel_graph.sdk_internals")  # not loaded: not one of its exporters
+    internals = sys.modules.get("otel_graph.export.sdk_internals")  # not loaded: not one of its exporters
     return internals is not None and internals.takes_encoded_chunks(exporter)
 
 
@@ -155,7 +155,7 @@ def _take_any(queue: deque[Queued], count: int) -> tuple[list[Queued], int]:
 
 class ReliableSpanProcessor(SpanProcessor):
     #: on_end only queues (a hung collector grows the queue): spans may be ended in the
-    #: user's thread (otel_graph.spans.DirectEmitter.queues_only).
+    #: user's thread (otel_graph.telemetry.spans.DirectEmitter.queues_only).
     never_blocks = True
 
     def __init__(self, exporter: SpanExporter, *, max_queued: int, max_batch: int = 512,
@@ -310,7 +310,7 @@ class ReliableSpanProcessor(SpanProcessor):
 
     def _hurry(self) -> None:
         # Exit is near: retry at once, never sleep out a backoff, ours or the exporter's.
-        from otel_graph.sdk_internals import stop_retry_waits
+        from otel_graph.export.sdk_internals import stop_retry_waits
 
         stop_retry_waits(self._exporter)
         with self._cond:
@@ -452,7 +452,7 @@ class ReliableSpanProcessor(SpanProcessor):
         """
         if not self._chunked:
             return self._deliver(batch)
-        from otel_graph.otlp_fast import encode_chunks  # loaded: it made the exporter
+        from otel_graph.export.otlp_fast import encode_chunks  # loaded: it made the exporter
 
         chunks = encode_chunks(batch, max_bytes=MAX_REQUEST_BYTES)
         exported = unexportable = 0
@@ -511,7 +511,7 @@ class CountingMetricExporter(MetricExporter):
     """Counts data points exported and not delivered; delegates everything else."""
 
     def __init__(self, inner: MetricExporter, *, histograms: HistogramSet | None = None) -> None:
-        from otel_graph.sdk_internals import preferences
+        from otel_graph.export.sdk_internals import preferences
 
         temporality, aggregation = preferences(inner)
         super().__init__(preferred_temporality=temporality, preferred_aggregation=aggregation)
@@ -550,7 +550,7 @@ class CountingMetricExporter(MetricExporter):
         it then replaces; without retry sleeps the final export would end on that
         failure, with the collector back and a fresh connection ready.
         """
-        from otel_graph.sdk_internals import stop_retry_waits
+        from otel_graph.export.sdk_internals import stop_retry_waits
 
         stop_retry_waits(self._inner)
         self._hurried = True

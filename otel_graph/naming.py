@@ -1,85 +1,57 @@
-"""TaskEvent: the one record every capture path produces, and the helpers that make it safe.
+"""Names and limits every part agrees on: a task's key and prefix as telemetry writes them,
+and the bounds that keep one hostile key, message or size from breaking an export.
 
-Capture (``otel_graph.local`` for Dask's local schedulers) records a
-:class:`TaskEvent` per task on the hot path: two ``time.time_ns()`` readings, the
-worker and thread, the result's size and type name, and, for a failed task, an
-:class:`ErrorInfo`. Nothing else happens per task there. Turning events into spans
-and metric points happens later, in bulk, in ``otel_graph.tracker``.
+Read by capture, telemetry and the cluster code on the hot path, and by the offline report,
+which reads files without Dask: ``dask.utils.key_split`` is imported at the first prefix
+that needs it, not with this module.
 
-Events cross process boundaries (the processes scheduler sends them back with the
-results), so they hold only picklable plain values, never the task's arguments or
-result: those may hold secrets and are never recorded.
-
->>> ev = TaskEvent(("inc-1", 0), 10, 25, 7, 7, 28, "int", None)
->>> ev.duration_ns
-15
 >>> key_to_str(("inc-1", 0))
 "('inc-1', 0)"
+>>> task_prefix(("load-8a6f31c2", 3))
+'load'
 """
 
 from __future__ import annotations
 
 import functools
-import traceback
-from typing import Any, NamedTuple
-
-from dask.utils import key_split
-
-# Uncached, for keys that run once: see task_prefix.
-_split = getattr(key_split, "__wrapped__", key_split)
-# For the names of tuple keys, which many keys of a graph share. Not dask's own cache of
-# 100,000: a name lives for one compute, and a loop of computes would fill that with ours
-# (~0.4 kB a name; +8 MB every 20,000 computes, measured by bench_scale's loop-sync).
-_split_name = functools.lru_cache(maxsize=4096)(_split)
+from typing import Any
 
 #: Longest key string kept; longer keys are cut and marked, so a pathological key
 #: cannot blow up every span and log line it appears in.
 MAX_KEY_CHARS = 512
 #: Longest task prefix: it names spans and labels metrics, and a key with no ``-`` in it
-#: is its own prefix (a 10 MB string key once made 20 MB export requests).
+#: is its own prefix (a 10 MB string key would make a 20 MB export request).
 MAX_PREFIX_CHARS = 128
 #: Stands for the prefixes past a limit, in span names and aggregates: a key with no
 #: ``-`` is its own prefix, and 10^5 of them must not become 10^5 names.
 OTHER_PREFIXES = "(other prefixes)"
+#: Longest exception message and stack trace kept on a failed task's span.
 MAX_MESSAGE_CHARS = 4096
+MAX_STACK_CHARS = 16384
 #: Largest integer OTLP carries (int64): a lying ``__sizeof__`` can claim more, and one
 #: such value would fail its whole export.
 INT64_MAX = (1 << 63) - 1
-MAX_STACK_CHARS = 16384
 #: Dependency keys a task span lists (``dask.task.dependencies``): a collection's tasks can
 #: depend on 10^4 keys, and a span need not carry them all.
 MAX_DEPENDENCIES = 32
 
 
-class ErrorInfo(NamedTuple):
-    """What a failed task raised, as text: the exception itself may not pickle."""
+def _split(key: Any) -> str:
+    """``dask.utils.key_split`` uncached, for keys that run once (see :func:`task_prefix`);
+    this stand-in loads it at the first call and puts it in its own place."""
+    global _split
+    from dask.utils import key_split
 
-    type_name: str
-    message: str
-    stacktrace: str
-
-
-class TaskEvent(NamedTuple):
-    key: Any
-    start_ns: int
-    end_ns: int
-    worker: int
-    thread: int
-    nbytes: int
-    type_name: str
-    error: ErrorInfo | None
-
-    @property
-    def duration_ns(self) -> int:
-        return self.end_ns - self.start_ns
+    _split = getattr(key_split, "__wrapped__", key_split)
+    return _split(key)
 
 
-#: A task record's fields by position, where a record (a plain tuple of TaskEvent's fields)
-#: is read without being made a TaskEvent: on the hot path, making one per task costs a call
-#: and an object.
-AT_KEY, AT_START, AT_END, AT_WORKER, AT_THREAD, AT_NBYTES, AT_TYPE, AT_ERROR = (
-    TaskEvent._fields.index(name)
-    for name in ("key", "start_ns", "end_ns", "worker", "thread", "nbytes", "type_name", "error"))
+@functools.lru_cache(maxsize=4096)
+def _split_name(name: Any) -> str:
+    # For the names of tuple keys, which many keys of a graph share. Not dask's own cache of
+    # 100,000: a name lives for one compute, and a loop of computes would fill that with ours
+    # (~0.4 kB a name).
+    return _split(name)
 
 
 def safe_text(text: str) -> str:
@@ -103,7 +75,7 @@ def safe_text(text: str) -> str:
     return text
 
 
-def _cut(text: str, limit: int) -> str:
+def bounded_text(text: str, limit: int) -> str:
     if len(text) > limit:
         text = f"{text[:limit]}… [{len(text) - limit} more characters]"
     return safe_text(text)
@@ -128,7 +100,7 @@ def key_to_str(key: Any) -> str:
             text = repr(key) if isinstance(key, tuple) else str(key)
         except Exception:  # a user key type with a broken __repr__/__str__
             text = f"<{type(key).__name__} key>"
-    return _cut(text, MAX_KEY_CHARS)
+    return bounded_text(text, MAX_KEY_CHARS)
 
 
 def fold_prefix(prefix: str, seen: set[str], *, limit: int) -> str:
@@ -182,25 +154,5 @@ def task_prefix(key: Any) -> str:
         return "Other"
     # Called per task in the tracker: the common short ASCII prefix skips _cut's calls.
     if len(prefix) > MAX_PREFIX_CHARS or not prefix.isascii():
-        return _cut(prefix, MAX_PREFIX_CHARS)
+        return bounded_text(prefix, MAX_PREFIX_CHARS)
     return prefix
-
-
-def describe_exception(exc: BaseException) -> ErrorInfo:
-    """The exception's type, message and stack trace, bounded in size; never raises."""
-    kind = type(exc)
-    module = kind.__module__
-    name = kind.__qualname__ if module in ("builtins", None) else f"{module}.{kind.__qualname__}"
-    name = _cut(str(name), MAX_KEY_CHARS)
-    try:
-        message = str(exc)
-    except Exception:
-        message = "<exception message could not be rendered>"
-    try:
-        stack = "".join(traceback.format_exception(kind, exc, exc.__traceback__))
-    except Exception:
-        stack = f"{name}: {message}"
-    # Keep the end of the stack: the frame that raised is the one a user needs.
-    if len(stack) > MAX_STACK_CHARS:
-        stack = f"[{len(stack) - MAX_STACK_CHARS} characters cut]…{stack[-MAX_STACK_CHARS:]}"
-    return ErrorInfo(name, _cut(message, MAX_MESSAGE_CHARS), safe_text(stack))

@@ -43,7 +43,7 @@ system's covers all CPUs together. Each mode or state appears where the
 platform has it. The kernel counts CPU time in ticks of about 10 ms, so a
 system reading over an interval in which no tick passed has no value and is
 left out rather than guessed. Being deltas, two readers on one provider each see the time
-since *either* last collected. GPUs: see :mod:`otel_graph.gpu`.
+since *either* last collected. GPUs: see :mod:`otel_graph.readings.gpu`.
 
 Errors
 ------
@@ -62,8 +62,8 @@ from typing import Any
 import psutil
 from opentelemetry.metrics import Meter, Observation
 
-from otel_graph.gpu import observe_gpus
-from otel_graph.reading_guard import Reading, Switch, guarded, reading_errors
+from otel_graph.readings.gpu import observe_gpus
+from otel_graph.readings.guard import Reading, Switch, guarded, reading_errors
 
 __all__ = ["observe_resources", "reading_errors"]
 
@@ -76,7 +76,7 @@ def observe_resources(meter: Meter, *, gpu: bool = True, switch: Switch | None =
     meter
         Where the instruments are created.
     gpu
-        Also observe NVIDIA GPUs through NVML (:func:`otel_graph.gpu.observe_gpus`).
+        Also observe NVIDIA GPUs through NVML (:func:`otel_graph.readings.gpu.observe_gpus`).
         Without NVML or GPUs this adds instruments that never report.
 
     Returns

@@ -21,9 +21,9 @@ Usage
 >>> encode_spans_fast([span]).resource_spans[0].scope_spans[0].spans[0].attributes[0].value.string_value
 'inc'
 
-To export, :func:`otel_graph.sdk_internals.otlp_span_exporter` builds the stock
+To export, :func:`otel_graph.export.sdk_internals.otlp_span_exporter` builds the stock
 exporter, which reads ``OTEL_EXPORTER_OTLP_*``, and makes it encode with this module
-(the stock exporters' private parts that takes are all in :mod:`otel_graph.sdk_internals`).
+(the stock exporters' private parts that takes are all in :mod:`otel_graph.export.sdk_internals`).
 Give each directly built ``ReadableSpan`` a shared ``resource=``: without one, each
 gets its own ``Resource.create({})``, which is slow to create and to group.
 
@@ -438,7 +438,7 @@ def encoded_attribute(name: str, value: Any, memo: _Memo) -> bytes:
 # -- spans encoded as they end ------------------------------------------------
 #
 # A span otel_graph makes itself can be encoded where it ends, before it is queued
-# (otel_graph.spans.DirectEmitter), when every exporter behind the queue takes encoded
+# (otel_graph.telemetry.spans.DirectEmitter), when every exporter behind the queue takes encoded
 # chunks. What is queued is then a plain tuple, (its entry, its origin): bytes and an
 # int, which the garbage collector stops tracking, where a ReadableSpan is a dozen
 # tracked objects that a queue of thousands keeps alive long enough to be promoted and

@@ -128,10 +128,10 @@ def _own_spans(name: str, settings: Settings) -> Any:
 
         return ConsoleSpanExporter()
     if name == "otlp_file":
-        from otel_graph.otlp_json import OtlpJsonSpanExporter
+        from otel_graph.export.otlp_json import OtlpJsonSpanExporter
 
         return _in_file_dir(settings, lambda directory: OtlpJsonSpanExporter(directory / "traces.jsonl"))
-    from otel_graph.sdk_internals import otlp_span_exporter
+    from otel_graph.export.sdk_internals import otlp_span_exporter
 
     return otlp_span_exporter(protocol=protocol(name, "traces"))
 
@@ -144,17 +144,17 @@ def _own_metrics(name: str, settings: Settings) -> Any:
 
         return ConsoleMetricExporter()
     if name == "otlp_file":
-        from otel_graph.otlp_json import OtlpJsonMetricExporter
+        from otel_graph.export.otlp_json import OtlpJsonMetricExporter
 
         return _in_file_dir(settings, lambda directory: OtlpJsonMetricExporter(directory / "metrics.jsonl"))
     if protocol(name, "metrics") == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
 
-        from otel_graph.sdk_internals import GRPC_CHANNEL_OPTIONS
+        from otel_graph.export.sdk_internals import GRPC_CHANNEL_OPTIONS
 
         return OTLPMetricExporter(channel_options=GRPC_CHANNEL_OPTIONS)
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetricExporter
 
-    from otel_graph.http_session import certificate_session
+    from otel_graph.export.http_session import certificate_session
 
     return HttpMetricExporter(session=certificate_session("metrics"))

@@ -1,6 +1,6 @@
 """Computes in flight, and the one background thread that turns their task records into telemetry.
 
-Capture records a :class:`~otel_graph.events.TaskEvent` per task into its compute's
+Capture records a :class:`~otel_graph.telemetry.events.TaskEvent` per task into its compute's
 list, and on a pool asks for a drain once ``OTEL_GRAPH_EARLY_DRAIN`` of them wait; nothing
 more. This module owns everything after that:
 
@@ -14,7 +14,7 @@ more. This module owns everything after that:
   drain, in a flush, at stop, in the span processors' ``force_flush``, or when the span
   processors change; any other is made at once;
 * the worker thread drains every record's events in bulk, feeds the span budget
-  (:mod:`otel_graph.policy`) and the task metrics, and, once every submitted task of an
+  (:mod:`otel_graph.telemetry.policy`) and the task metrics, and, once every submitted task of an
   ended compute has reported, emits its aggregates and ends its root span with
   ``dask.graph.tasks``. Running computes are drained every ``drain_interval_s`` so that a
   long job's spans reach the collector while it runs, and one whose tasks run on a pool
@@ -44,13 +44,14 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import NonRecordingSpan, Status, StatusCode, TraceFlags
 
-from otel_graph.compute_span import ComputeSpan, start_compute_span
+from otel_graph.telemetry.compute_span import ComputeSpan, start_compute_span
 from otel_graph.config import DEFAULT_EARLY_DRAIN_TASKS
-from otel_graph.events import AT_ERROR, AT_KEY, TaskEvent, describe_exception, task_prefix
-from otel_graph.forks import forked_child_drops, stands_down
-from otel_graph.metrics import Run, TaskMetrics
-from otel_graph.policy import Aggregate, SpanPlan
-from otel_graph.spans import (
+from otel_graph.naming import task_prefix
+from otel_graph.telemetry.events import AT_ERROR, AT_KEY, TaskEvent, describe_exception
+from otel_graph.export.forks import forked_child_drops, stands_down
+from otel_graph.telemetry.metrics import Run, TaskMetrics
+from otel_graph.telemetry.policy import Aggregate, SpanPlan
+from otel_graph.telemetry.spans import (
     UNSET_STATUS,
     ApiEmitter,
     TaskFacts,
@@ -62,8 +63,8 @@ from otel_graph.spans import (
     task_attributes,
     task_facts,
 )
-from otel_graph.task_context import TaskParent, current_context, with_span
-from otel_graph.task_encoding import TaskAttributeEncoder
+from otel_graph.telemetry.task_context import TaskParent, current_context, with_span
+from otel_graph.telemetry.task_encoding import TaskAttributeEncoder
 
 logger = logging.getLogger("otel_graph")
 _get_ident = threading.get_ident
@@ -131,7 +132,7 @@ class ComputeRecord:
         """``context`` is the caller's (None: the current one), which its tasks run in, the task parent current."""
         self.scheduler = scheduler
         self.span = span
-        #: Span ids given to tasks that had spans started inside them (otel_graph.task_context).
+        #: Span ids given to tasks that had spans started inside them (otel_graph.telemetry.task_context).
         self.task_span_ids: dict[Any, int] = {}
         #: The thread that called compute, and the task parent of each thread running tasks.
         self.caller = _get_ident()
@@ -234,7 +235,7 @@ class Tracker:
         # spans cannot block: every span processor is otel_graph's own.
         self._queues_only = getattr(emitter, "queues_only", None)
         if self._queues_only is not None:  # a DirectEmitter, which loaded sdk_internals already
-            from otel_graph.sdk_internals import tracer_enabled
+            from otel_graph.export.sdk_internals import tracer_enabled
 
             self._tracer_enabled = tracer_enabled(tracer)
         #: The computes being drained inline: a flush waits for those begun before it.
@@ -248,7 +249,7 @@ class Tracker:
         self._aside_spans = 0
         self._aside_listed = 0  # of those spans, the ones in _aside (not being made elsewhere)
         # A successful task's span is encoded straight from its record where the emitter can
-        # (otel_graph.task_encoding), into a batch queued at once: no attribute dict, no span
+        # (otel_graph.telemetry.task_encoding), into a batch queued at once: no attribute dict, no span
         # context, one lock round trip per batch.
         self._encoded_batch = getattr(emitter, "encoded_batch", None)
         self._encoding = getattr(emitter, "encoding", None)
@@ -302,7 +303,7 @@ class Tracker:
 
     @property
     def forked(self) -> bool:
-        """True in a process forked from this one's: it traces nothing (see :mod:`otel_graph.forks`)."""
+        """True in a process forked from this one's: it traces nothing (see :mod:`otel_graph.export.forks`)."""
         return self._forked
 
     def _after_fork_in_child(self) -> None:
@@ -320,7 +321,7 @@ class Tracker:
 
     # -- called from capture, on the user's threads ------------------------------------
     def begin(self, scheduler: str) -> ComputeRecord | None:
-        if self._forked:  # a process forked from this one's (otel_graph.forks): untraced
+        if self._forked:  # a process forked from this one's (otel_graph.export.forks): untraced
             forked_child_drops("computes")
             return None
         start = time.time_ns()

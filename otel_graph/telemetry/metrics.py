@@ -36,8 +36,10 @@ from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
-from otel_graph.events import INT64_MAX, OTHER_PREFIXES, TaskEvent
-from otel_graph.histograms import HistogramSet, PreAggregatedHistogram
+from otel_graph.naming import INT64_MAX, OTHER_PREFIXES
+
+from otel_graph.telemetry.events import TaskEvent
+from otel_graph.export.histograms import HistogramSet, PreAggregatedHistogram
 
 DURATION_BUCKETS_S = (
     0.00001, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,

@@ -1,6 +1,6 @@
 """The running task as the parent of spans that user code starts inside it.
 
-Task spans are built after the fact, in bulk, from records (``otel_graph.tracker``), so
+Task spans are built after the fact, in bulk, from records (``otel_graph.telemetry.tracker``), so
 while a task runs there is no span object to make current. Yet a task that calls
 instrumented code (an HTTP client, a database driver, its own ``tracer.start_span``)
 should see those spans nest under the task's span, not under ``dask.compute``.

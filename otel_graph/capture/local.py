@@ -4,7 +4,7 @@ This module is the only reader of ``dask.local`` internals. Every local schedule
 ends in ``dask.local.get_async``, which hands batches of ready tasks to an executor
 as ``submit(batch_execute_tasks, batch)``. We wrap ``get_async`` in the three modules
 that call it and, per compute, wrap its ``submit`` so that each batch runs through
-:func:`otel_graph.task_runner.execute` instead of Dask's ``execute_task``. That gives us, per task and on
+:func:`otel_graph.capture.task_runner.execute` instead of Dask's ``execute_task``. That gives us, per task and on
 the worker itself:
 
 * the real start and end of the task, read with ``time.time_ns()`` in the thread or
@@ -38,11 +38,11 @@ from functools import partial, wraps
 from multiprocessing.pool import ThreadPool
 from typing import TYPE_CHECKING, Any, Protocol
 
-from otel_graph.task_context import attach_context, detach_context
-from otel_graph.task_runner import execute, run_remote
+from otel_graph.telemetry.task_context import attach_context, detach_context
+from otel_graph.capture.task_runner import execute, run_remote
 
 if TYPE_CHECKING:
-    from otel_graph.tracker import ComputeRecord
+    from otel_graph.telemetry.tracker import ComputeRecord
 
 _get_ident = threading.get_ident
 

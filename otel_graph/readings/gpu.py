@@ -1,6 +1,6 @@
 """NVIDIA GPU readings from NVML as OpenTelemetry observable instruments.
 
-Usually created for you by :func:`otel_graph.resources.observe_resources`.
+Usually created for you by :func:`otel_graph.readings.resources.observe_resources`.
 Missing GPUs are normal: without the ``pynvml`` module (package
 ``nvidia-ml-py``), the NVML library, or any visible device, the instruments
 exist but never report, and nothing is raised, logged above DEBUG or warned. On
@@ -64,7 +64,7 @@ from typing import Any
 from opentelemetry.metrics import Meter, Observation
 
 from otel_graph.config import OTEL_GRAPH_GPU
-from otel_graph.reading_guard import Switch, guarded
+from otel_graph.readings.guard import Switch, guarded
 
 __all__ = ["observe_gpus", "gpu_status"]
 

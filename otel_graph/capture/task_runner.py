@@ -1,10 +1,10 @@
 """What runs a task and records it, in this process or a process pool's worker.
 
-The one part of capture (:mod:`otel_graph.local`) that Dask's processes scheduler sends
+The one part of capture (:mod:`otel_graph.capture.local`) that Dask's processes scheduler sends
 to its pool: each worker process unpickles :func:`run_remote` and imports this module to
 run its batches. Dask's processes scheduler starts a pool per compute (with ``spawn``, a
 fresh interpreter each time), so this module imports nothing but the standard library,
-Dask (loaded there already) and :mod:`otel_graph.events`: no OpenTelemetry, which once
+Dask (loaded there already) and :mod:`otel_graph.telemetry.events`: no OpenTelemetry, which once
 cost each worker process 10-25 ms of imports, every compute (a 4-partition bag compute:
 155 -> 166 ms).
 """
@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from otel_graph.events import describe_exception
+from otel_graph.telemetry.events import describe_exception
 
 _time_ns = time.time_ns
 _get_ident = threading.get_ident
@@ -51,7 +51,7 @@ def execute(key, task_info, dumps, loads, get_id, pack_exception, emit, parent):
     of. The garbage collector stops tracking a plain tuple of plain values at its first
     pass, and a tuple subclass never: 10^5 events awaiting the tracker were traversed by
     every full collection (measured: sync 10^5 no-op tasks 1.083x -> 1.028x, interleaved).
-    ``parent.key`` names the running task to spans its code starts (otel_graph.task_context).
+    ``parent.key`` names the running task to spans its code starts (otel_graph.telemetry.task_context).
     """
     start = _time_ns()
     parent.key = key

@@ -10,14 +10,14 @@ path instead, and says so once (:func:`_changed`), never exporting wrongly:
 private part                                 what otel_graph does with it                 without it
 ===========================================  ===========================================  ==========================
 ``TracerProvider._active_span_processor``    hands finished task spans to the processors  spans through
-                                             (:class:`otel_graph.spans.DirectEmitter`)     ``Tracer.start_span``
+                                             (:class:`otel_graph.telemetry.spans.DirectEmitter`)     ``Tracer.start_span``
 its ``_span_processors``                     tells otel_graph's processors from others    the tracker's thread
                                              (small computes drained inline)              drains every compute
 ``Tracer._is_enabled``                       a disabled tracer's computes take            (none: no configurator,
-                                             ``start_span`` (otel_graph.compute_span)     every tracer enabled)
+                                             ``start_span`` (otel_graph.telemetry.compute_span)     every tracer enabled)
 ``ParentBased``'s delegates (``_root``...)   the default sampler's decision for a         the sampler is asked
                                              compute's root span, without asking it
-gRPC ``OTLPSpanExporter._translate_data``    encodes with :mod:`otel_graph.otlp_fast`     the stock encoder
+gRPC ``OTLPSpanExporter._translate_data``    encodes with :mod:`otel_graph.export.otlp_fast`     the stock encoder
 its ``_stub``, ``_client``, ``_channel``     sends those bytes unparsed                   parsed, then sent
 HTTP ``OTLPSpanExporter._shutdown``,         sends the fast encoding's bytes              the stock exporter
 ``_metrics``, ``_max_request_size``,         (:class:`_FastHttpSpanExporter`)
@@ -46,7 +46,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.semconv.attributes.http_attributes import HTTP_RESPONSE_STATUS_CODE
 
-from otel_graph.otlp_fast import _encode_request, encode_spans_fast
+from otel_graph.export.otlp_fast import _encode_request, encode_spans_fast
 
 logger = logging.getLogger("otel_graph")
 _logger = logging.getLogger("opentelemetry.exporter.otlp.proto.http.trace_exporter")  # as the stock one logs
@@ -155,7 +155,7 @@ _TRACE_EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 
 
 class _BytesTraceStub:
-    """The trace service's client for requests already serialized (:mod:`otel_graph.otlp_fast`'s
+    """The trace service's client for requests already serialized (:mod:`otel_graph.export.otlp_fast`'s
     bytes): parsed into messages only for gRPC to serialize them again, a request of 512
     spans held the GIL about 0.4 ms longer, while the user's tasks waited for it."""
 
@@ -259,7 +259,7 @@ def otlp_span_exporter(*, protocol: str) -> SpanExporter:
     if protocol == "http/protobuf":
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 
-        from otel_graph.http_session import certificate_session
+        from otel_graph.export.http_session import certificate_session
 
         return fast_span_exporter(HttpExporter(session=certificate_session("traces")))
     raise ValueError(f"OTLP protocol {protocol!r} is not supported; use 'grpc' or 'http/protobuf'")
@@ -275,7 +275,7 @@ def stop_retry_waits(exporter: Any) -> None:
     Each try cut short logs as the exporter always does ("Shutdown in progress, aborting
     retry.", or "Failed to export ... due to timeout, max retries or shutdown."); those
     records are the exporter's, left as they are, and exit's paced retries
-    (:data:`otel_graph.pipeline.EXIT_FIRST_RETRY_S`) keep them few.
+    (:data:`otel_graph.export.pipeline.EXIT_FIRST_RETRY_S`) keep them few.
     """
     stock = exporter._stock if isinstance(exporter, _FastHttpSpanExporter) else exporter
     events = [event for event in (getattr(stock, "_shutdown_in_progress", None),  # gRPC

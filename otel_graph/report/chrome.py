@@ -13,7 +13,7 @@ past 2^50 (or negative) gets a track number of its own above 2^50, with the comp
 and aggregates' tracks, and integers past 2^53 in an event's args are written as strings.
 
 >>> import io
->>> from otel_graph.otlp_read import Span
+>>> from otel_graph.report.otlp_read import Span
 >>> out = io.StringIO()
 >>> span = Span("t", "s", "r", "inc", 2_000, 5_000, {"dask.task.key": "inc-1", "dask.task.prefix": "inc",
 ...             "dask.worker.id": "123", "thread.id": 7}, 0, {"service.instance.id": "a"})
@@ -31,8 +31,8 @@ import math
 from collections.abc import Iterable
 from typing import Any, TextIO
 
-from otel_graph.analysis import COMPUTE
-from otel_graph.otlp_read import Point, Span
+from otel_graph.report.analysis import COMPUTE
+from otel_graph.report.otlp_read import Point, Span
 
 _COUNTERS = {"process.cpu.utilization": "cpu", "process.memory.usage": "memory",
              "hw.gpu.utilization": "gpu", "hw.gpu.memory.usage": "gpu memory"}

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 
 from opentelemetry.metrics import CallbackOptions, Observation
 
-# The logger of otel_graph.resources, where readings are made: one name for every reading's failures.
+# The logger of otel_graph.readings.resources, where readings are made: one name for every reading's failures.
 logger = logging.getLogger("otel_graph.resources")
 
 Reading = Callable[[], Iterable[Observation]]

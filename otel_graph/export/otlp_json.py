@@ -82,7 +82,7 @@ def span_request_json(spans: Sequence[ReadableSpan]) -> str:
     try:
         return json.dumps(_spans_request(spans), separators=(",", ":"), ensure_ascii=False)
     except _Unusual:
-        from otel_graph.otlp_fast import encode_spans_fast
+        from otel_graph.export.otlp_fast import encode_spans_fast
 
         return request_json(encode_spans_fast(spans))
 
@@ -94,7 +94,7 @@ class _Unusual(Exception):
 # The mapping's output, field by field: int64 as strings, enums as numbers, fields at their
 # default value left out, keys in field-number order (tests/test_otlp_json.py compares).
 def _spans_request(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
-    from otel_graph.otlp_fast import group_spans
+    from otel_graph.export.otlp_fast import group_spans
 
     out = []
     for resource, scopes in group_spans(spans).items():
@@ -127,7 +127,7 @@ def _span_or_mapped(span: ReadableSpan) -> dict[str, Any]:
     try:
         return _span(span)
     except _Unusual:  # this span alone through the mapping: its encoding does not depend on the others
-        from otel_graph.otlp_fast import encode_spans_fast
+        from otel_graph.export.otlp_fast import encode_spans_fast
 
         body = MessageToDict(encode_spans_fast([span]), use_integers_for_enums=True)
         _hex_ids(body)

@@ -46,6 +46,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from otel_graph.naming import INT64_MAX
+
 #: Span attributes the analyses read; the rest are dropped as lines are read.
 KEPT_ATTRIBUTES = frozenset({
     "dask.task.key", "dask.task.prefix", "dask.worker.id", "dask.worker.name", "thread.id",
@@ -57,7 +59,6 @@ KEPT_ATTRIBUTES = frozenset({
 KEPT_RESOURCE = frozenset({"service.name", "service.instance.id", "host.name", "process.pid",
                            "dask.worker.id", "dask.worker.name"})
 ERROR = 2
-INT64_MAX = (1 << 63) - 1
 #: OTLP times are fixed64 nanoseconds since the epoch.
 TIME_LIMIT_NS = 1 << 64
 #: The longest duration int64 nanoseconds hold (292 years).

@@ -30,10 +30,10 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_graph._version import __version__
 from otel_graph.config import Settings, exit_timeout
-from otel_graph.metrics import TaskMetrics, observe_delivery, observe_memory
-from otel_graph.reading_guard import Switch
-from otel_graph.sdk import OwnedSdk, build_sdk
-from otel_graph.spans import ApiEmitter, DirectEmitter
+from otel_graph.telemetry.metrics import TaskMetrics, observe_delivery, observe_memory
+from otel_graph.readings.guard import Switch
+from otel_graph.export.sdk import OwnedSdk, build_sdk
+from otel_graph.telemetry.spans import ApiEmitter, DirectEmitter
 
 logger = logging.getLogger("otel_graph")
 
@@ -49,7 +49,7 @@ class ProcessState:
     owned: OwnedSdk | None = None
     exit_hook = False
     #: The process that registered the exit hook: a child forked from it inherits the hook,
-    #: and must leave the parent's data to the parent (:mod:`otel_graph.forks`).
+    #: and must leave the parent's data to the parent (:mod:`otel_graph.export.forks`).
     exit_pid = 0
     meters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
     #: Counts of tasks folded into aggregate spans by parts with no handle (cluster workers).
@@ -132,7 +132,7 @@ class _MeterInstruments:
 
     def start_readings(self, *, gpu: bool) -> None:
         if not self._resources:
-            from otel_graph.resources import observe_resources
+            from otel_graph.readings.resources import observe_resources
 
             self._resources = True
             observe_resources(self._meter, gpu=gpu, switch=self.readings)
@@ -195,7 +195,7 @@ def providers_for(settings: Settings, *, tracer_provider: Any = None, meter_prov
     meter = meter_provider.get_meter(SCOPE.name, SCOPE.version)
     emitter: Any = ApiEmitter(tracer)
     if owned is not None and tracer_provider is owned.tracer_provider:
-        from otel_graph.sdk_internals import span_processor
+        from otel_graph.export.sdk_internals import span_processor
 
         if span_processor(tracer_provider) is not None:
             emitter = DirectEmitter(tracer_provider, SCOPE)

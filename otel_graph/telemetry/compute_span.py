@@ -6,7 +6,7 @@ they leave in the export queue is a dozen objects (bounded attribute and event l
 each with its lock and deque) that live until the next batch is exported, long enough
 for the garbage collector to promote them and run full collections for them.
 
-Where otel_graph built the SDK itself (its :class:`otel_graph.spans.DirectEmitter` hands
+Where otel_graph built the SDK itself (its :class:`otel_graph.telemetry.spans.DirectEmitter` hands
 spans straight to its own processors), the root is a :class:`ComputeSpan` instead: the
 same decisions as ``start_span`` (the provider's sampler, asked with the caller's
 context; its id generator; the sampler's attributes and trace state; a span the sampler
@@ -14,7 +14,7 @@ drops is a ``NonRecordingSpan`` with the same context), and at ``end()`` one
 ``ReadableSpan``, cut to the SDK's span limits, handed to the processors. It implements
 the whole ``Span`` API with the SDK span's rules (a status once OK stays, UNSET is
 ignored, calls after ``end()`` are ignored), though only the tracker holds it: what code
-inside a compute finds as its current span is a ``TaskParent`` (otel_graph.task_context).
+inside a compute finds as its current span is a ``TaskParent`` (otel_graph.telemetry.task_context).
 It is used only while every processor on the provider is otel_graph's own (one an
 application adds gets ``on_start`` for it, so its computes then take ``start_span``), and
 it does not count in the SDK's own span metrics. Computes on dask.distributed keep SDK
@@ -24,7 +24,7 @@ spans: events reach them from other threads, and they live as long as the comput
 >>> from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 >>> from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 >>> from opentelemetry.sdk.util.instrumentation import InstrumentationScope
->>> from otel_graph.spans import DirectEmitter
+>>> from otel_graph.telemetry.spans import DirectEmitter
 >>> exported = InMemorySpanExporter()
 >>> provider = TracerProvider()
 >>> provider.add_span_processor(SimpleSpanProcessor(exported))
@@ -50,9 +50,9 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status,
 from opentelemetry.trace.span import DEFAULT_TRACE_STATE as _NO_STATE
 from opentelemetry.trace.span import TraceState
 
-from otel_graph.events import describe_exception
-from otel_graph.spans import UNSET_STATUS, exception_event_attributes
-from otel_graph.task_context import SPAN_KEY, current_context
+from otel_graph.telemetry.events import describe_exception
+from otel_graph.telemetry.spans import UNSET_STATUS, exception_event_attributes
+from otel_graph.telemetry.task_context import SPAN_KEY, current_context
 
 _getrandbits = random_module.getrandbits
 

@@ -18,7 +18,7 @@ sends every series. A pull reader (Prometheus), and an exporter whose deliveries
 read back (a dask.distributed worker's), get every series every time.
 
 An application's own MeterProvider never goes through here: there, the instruments
-of :class:`otel_graph.metrics.TaskMetrics` record through the API as usual.
+of :class:`otel_graph.telemetry.metrics.TaskMetrics` record through the API as usual.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ Every task is accounted for: the sum of ``dask.task.count`` over a trace's spans
 >>> emitted, folded = [], []
 >>> plan = SpanPlan(budget=2, emit=lambda ev, prefix: emitted.append(ev.key),
 ...                 emit_aggregate=lambda agg: folded.append((agg.prefix, agg.count)))
->>> from otel_graph.events import TaskEvent
+>>> from otel_graph.telemetry.events import TaskEvent
 >>> events = [TaskEvent(f"t-{i}", 0, ms * 10**6, 1, 1, 8, "int", None) for i, ms in enumerate([5, 1, 9, 2])]
 >>> plan.add(events, ["t"] * 4)
 >>> plan.finish()
@@ -38,7 +38,9 @@ from collections.abc import Callable, Container
 from dataclasses import dataclass
 from typing import Any
 
-from otel_graph.events import TaskEvent, fold_prefix
+from otel_graph.naming import fold_prefix
+
+from otel_graph.telemetry.events import TaskEvent
 
 #: Prefixes a compute (on a worker: its share there) gets aggregate spans of their own
 #: for; the tasks of later ones share one, whose prefix and name are OTHER_PREFIXES.

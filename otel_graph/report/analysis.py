@@ -1,6 +1,6 @@
 """Offline analyses of recorded traces: bottlenecks by prefix, slowest tasks, worker balance, critical path.
 
-Input is what :mod:`otel_graph.otlp_read` reads: the ``dask.compute`` spans, the task
+Input is what :mod:`otel_graph.report.otlp_read` reads: the ``dask.compute`` spans, the task
 spans under them (plain, or aggregate spans standing for many tasks), and metric
 points (GPU readings, for the per-prefix GPU columns).
 
@@ -29,7 +29,7 @@ those dependencies (:attr:`Step.unseen`) and its gap is not counted as idle (use
 ``OTEL_GRAPH_MAX_TASK_SPANS=unlimited`` for a complete path). A task lists at most 32
 dependencies.
 
->>> from otel_graph.otlp_read import Span
+>>> from otel_graph.report.otlp_read import Span
 >>> def task(key, start, end, deps=()):
 ...     attributes = {"dask.task.key": key, "dask.task.prefix": key.split("-")[0],
 ...                   "dask.task.dependencies": list(deps), "dask.task.dependency_count": len(deps)}
@@ -50,7 +50,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from otel_graph.otlp_read import Point, Span
+from otel_graph.naming import OTHER_PREFIXES, task_prefix
+from otel_graph.report.otlp_read import Point, Span
 
 COMPUTE = "dask.compute"
 
@@ -370,9 +371,6 @@ def _gating(span: Span, by_key: dict[str, Span],
     unseen: dict[str, int] = {}
     if not aggregate_ends:  # nothing folded: a dependency without a span was computed before this compute
         return gating, unseen
-    # Here only: the report reads files without importing dask (which this module imports).
-    from otel_graph.events import OTHER_PREFIXES, task_prefix
-
     for key in listed:
         if key in by_key:
             continue

@@ -14,7 +14,7 @@ Bokeh is what dask's own diagnostics plot with; it is an optional dependency
 Bokeh's JavaScript is inlined (``resources=INLINE``), so the file opens with no network.
 At most :data:`MAX_BARS` task bars are drawn (the longest), so a huge trace still
 makes a page a browser can open. The page is created readable by its owner only, and
-a symlink at its path is replaced, not followed (:func:`otel_graph.private_files.private_file`).
+a symlink at its path is replaced, not followed (:func:`otel_graph.report.private_files.private_file`).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from otel_graph.analysis import critical_path, prefix_table
-from otel_graph.otlp_read import Point
-from otel_graph.private_files import private_file
+from otel_graph.report.analysis import critical_path, prefix_table
+from otel_graph.report.otlp_read import Point
+from otel_graph.report.private_files import private_file
 
 MAX_BARS = 50_000
 

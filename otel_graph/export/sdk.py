@@ -1,7 +1,7 @@
 """The OpenTelemetry SDK, built from the standard environment when the application did not.
 
 This is the only module that constructs SDK providers (the exporters they use are made
-by :mod:`otel_graph.exporters`). It is used only
+by :mod:`otel_graph.export.exporters`). It is used only
 when ``instrument_scheduler()`` got no providers and no SDK provider is set globally;
 an application that configured OpenTelemetry itself keeps its own.
 
@@ -11,8 +11,8 @@ What it builds, from the standard variables:
   ``service.instance.id`` (unique per process), ``process.pid`` and ``host.name``;
   ``service.name`` defaults to ``dask`` rather than ``unknown_service``;
 * a **TracerProvider** (sampler from ``OTEL_TRACES_SAMPLER``) whose spans go, through a
-  :class:`~otel_graph.pipeline.ReliableSpanProcessor` each, to every exporter that
-  ``OTEL_TRACES_EXPORTER`` names (:mod:`otel_graph.exporters`: ``otlp``, ``console``,
+  :class:`~otel_graph.export.pipeline.ReliableSpanProcessor` each, to every exporter that
+  ``OTEL_TRACES_EXPORTER`` names (:mod:`otel_graph.export.exporters`: ``otlp``, ``console``,
   ``otlp_file``, or any an installed package registers; ``none`` for none; the stock
   OTLP exporters read endpoint, headers, timeout, compression and certificates themselves);
 * a **MeterProvider** with a reader per exporter that ``OTEL_METRICS_EXPORTER`` names:
@@ -21,7 +21,7 @@ What it builds, from the standard variables:
   ``prometheus`` serves ``/metrics`` on ``OTEL_EXPORTER_PROMETHEUS_HOST``/``_PORT``
   (default ``localhost:9464``);
 * ``otlp_file`` for either signal: OTLP JSON lines under ``OTEL_GRAPH_FILE_DIR``
-  (:mod:`otel_graph.otlp_json`), the embedded default of ``otel-graph demo``.
+  (:mod:`otel_graph.export.otlp_json`), the embedded default of ``otel-graph demo``.
 
 With several exporters named, the counts of :meth:`OwnedSdk.stats` add up over them; the
 first OTLP exporter named (else the first) is the *primary* one: its deliveries are what
@@ -49,8 +49,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_graph.config import ConfigurationError, Settings
-from otel_graph.histograms import HistogramSet
-from otel_graph.pipeline import CountingMetricExporter, ReliableSpanProcessor
+from otel_graph.export.histograms import HistogramSet
+from otel_graph.export.pipeline import CountingMetricExporter, ReliableSpanProcessor
 
 logger = logging.getLogger("otel_graph")
 
@@ -85,7 +85,7 @@ def _prometheus_reader(settings: Settings, histograms: HistogramSet) -> MetricRe
             f"OTEL_EXPORTER_PROMETHEUS_HOST/PORT: cannot listen on "
             f"{settings.prometheus_host}:{settings.prometheus_port}: {exc}"
         ) from None
-    from otel_graph.sdk_internals import prometheus_reader
+    from otel_graph.export.sdk_internals import prometheus_reader
 
     return prometheus_reader(PrometheusMetricReader,
                              lambda data: histograms.merge_into(data, AggregationTemporality.CUMULATIVE))
@@ -220,7 +220,7 @@ class OwnedSdk:
         if answer:
             return True
         if self.collector is not None:
-            from otel_graph.endpoint import listening
+            from otel_graph.export.endpoint import listening
 
             if listening(self.collector, timeout_s=min(timeout_s, 0.2)) is False:
                 return False
@@ -278,7 +278,7 @@ class OwnedSdk:
 def build_sdk(settings: Settings, *, traces: bool, metrics: bool, scope: InstrumentationScope,
               resource_attributes: dict[str, Any] | None = None) -> OwnedSdk:
     from otel_graph.config import check_sdk_environment
-    from otel_graph.exporters import is_otlp, protocol, resolve
+    from otel_graph.export.exporters import is_otlp, protocol, resolve
 
     check_sdk_environment()
     owned = OwnedSdk()
@@ -324,7 +324,7 @@ def build_sdk(settings: Settings, *, traces: bool, metrics: bool, scope: Instrum
         owned.span_processor = _primary(processed)
         otlp = next((name for name, _ in processed if is_otlp(name)), None)
         if otlp is not None:
-            from otel_graph.endpoint import collector_address
+            from otel_graph.export.endpoint import collector_address
 
             owned.collector = collector_address(protocol(otlp, "traces"))
         owned.tracer_provider = provider
@@ -333,6 +333,6 @@ def build_sdk(settings: Settings, *, traces: bool, metrics: bool, scope: Instrum
 
 def _primary(named: list[tuple[str, Any]]) -> Any:
     """The first of ``named`` made for an OTLP exporter name, else the first; None if none."""
-    from otel_graph.exporters import is_otlp
+    from otel_graph.export.exporters import is_otlp
 
     return next((made for name, made in named if is_otlp(name)), named[0][1] if named else None)

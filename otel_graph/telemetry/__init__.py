@@ -1,0 +1,16 @@
+"""Telemetry: task records -> spans, the span budget and task metrics.
+
+- ``events``: the record every capture path produces (:class:`TaskEvent`) and its field
+  positions; ``naming`` (at the top) holds the limits and key names it applies.
+- ``tracker``: computes in flight, and the one background thread that turns their records
+  into spans and metric points, in bulk.
+- ``policy``: the span budget (which tasks get a span of their own, what stands for the rest);
+  ``spans``, ``task_encoding`` and ``compute_span``: the spans themselves, most of them encoded
+  straight to OTLP bytes; ``task_context``: the running task as the parent of user spans.
+- ``metrics``: what tasks and computes add to the metric stream.
+- ``process_state``: the telemetry one process holds (providers, readings, the exit hook),
+  shared by the handle at the top and by :mod:`otel_graph.cluster`.
+
+May import: :mod:`otel_graph.readings`, :mod:`otel_graph.export`, and the shared modules at
+the top (``config``, ``errors``, ``naming``, ``_version``).
+"""
