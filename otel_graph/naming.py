@@ -143,7 +143,7 @@ def task_prefix(key: Any) -> str:
         # key_split's answer for the usual one-off key, "name-<token>", in a few steps: a second
         # word that is not all letters ends the prefix at the first word (0.1 against 0.7 µs);
         # most tokens start with a digit, the rest (a uuid's 'd6770bcb') are read to their end.
-        # Not for a 32-character head (key_split may call it "data"), nor one _cut would change.
+        # Not for a 32-character head (key_split may call it "data"), nor one bounded_text would change.
         head, _, rest = key.partition("-")
         if head[:1].isalpha() and (not rest[:1].isalpha() or not rest.partition("-")[0].isalpha()) \
                 and len(head) != 32 and len(head) <= MAX_PREFIX_CHARS and head.isascii():
@@ -152,7 +152,7 @@ def task_prefix(key: Any) -> str:
         prefix = split(key)
     except Exception:
         return "Other"
-    # Called per task in the tracker: the common short ASCII prefix skips _cut's calls.
+    # Called per task in the tracker: the common short ASCII prefix skips bounded_text's calls.
     if len(prefix) > MAX_PREFIX_CHARS or not prefix.isascii():
         return bounded_text(prefix, MAX_PREFIX_CHARS)
     return prefix

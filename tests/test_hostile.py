@@ -19,10 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from otlp_receiver import OtlpReceiver
 
-from otel_graph.naming import MAX_KEY_CHARS, MAX_MESSAGE_CHARS, MAX_PREFIX_CHARS, MAX_STACK_CHARS
-
-from otel_graph.telemetry.events import \
-    describe_exception, key_to_str, safe_text, task_prefix
+from otel_graph.naming import (MAX_KEY_CHARS, MAX_MESSAGE_CHARS, MAX_PREFIX_CHARS, MAX_STACK_CHARS, key_to_str,
+                               safe_text, task_prefix)
+from otel_graph.telemetry.events import describe_exception
 
 APPS = Path(__file__).parent / "apps"
 pytestmark = pytest.mark.slow  # whole apps on hostile input, plain and instrumented
@@ -185,11 +184,11 @@ def test_a_string_keys_prefix_is_dask_key_split(key):
     # task_prefix takes a shortcut for "name-<token>" keys: it must answer as key_split does.
     from dask.utils import key_split
 
-    from otel_graph.naming import MAX_PREFIX_CHARS, _cut
+    from otel_graph.naming import MAX_PREFIX_CHARS, bounded_text
 
     expected = key_split.__wrapped__(key)
     if len(expected) > MAX_PREFIX_CHARS or not expected.isascii():
-        expected = _cut(expected, MAX_PREFIX_CHARS)
+        expected = bounded_text(expected, MAX_PREFIX_CHARS)
     assert task_prefix(key) == expected
     assert task_prefix((key, 0)) == expected
 

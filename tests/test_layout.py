@@ -18,6 +18,8 @@ reported as the group of modules that reach one another (a strongly connected co
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import otel_graph
@@ -190,3 +192,10 @@ def test_no_module_too_long() -> None:
     long = {name: lines for name, path in _modules().items()
             if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
     assert long == {}
+
+
+def test_the_report_reads_files_without_dask_or_the_sdk() -> None:
+    code = ("import sys, otel_graph.cli, otel_graph.report.text, otel_graph.report.html, otel_graph.report.chrome; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'dask', 'distributed', 'opentelemetry'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60).stdout
+    assert out.strip() == "[]"

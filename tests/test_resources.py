@@ -148,14 +148,14 @@ def test_failed_reading_yields_no_point_counts_and_logs_once(reader, monkeypatch
     observe_resources(reader.meter, gpu=False)
     before = reading_errors()
     monkeypatch.setattr(psutil, "virtual_memory", broken)
-    with caplog.at_level(logging.DEBUG, logger="otel_graph.readings.resources"):
+    with caplog.at_level(logging.DEBUG, logger="otel_graph.resources"):
         first = collect(reader)
         collect(reader)
 
     assert "system.memory.usage" not in first and "system.memory.utilization" not in first
     assert "process.memory.usage" in first  # the other readings are unaffected
     assert reading_errors() - before == 4  # two instruments, two collections
-    logged = [r for r in caplog.records if r.name == "otel_graph.readings.resources"]
+    logged = [r for r in caplog.records if r.name == "otel_graph.resources"]
     assert sorted(r.args[0] for r in logged) == ["system.memory.usage", "system.memory.utilization"]
     assert all(r.levelno == logging.DEBUG and r.exc_info for r in logged)
 
