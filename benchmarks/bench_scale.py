@@ -214,8 +214,8 @@ def tables(handle: Any) -> dict[str, Any]:
     """otel_graph's state that could grow per compute, read through private names (best effort)."""
     from dask.utils import key_split
 
-    from otel_graph.telemetry import spans
-    from otel_graph.telemetry.tracker import ComputeRecord
+    from otel_graph.telemetry import attributes
+    from otel_graph.telemetry.compute_record import ComputeRecord
 
     tracker, owned, out = handle._tracker, handle._owned, {}
 
@@ -231,7 +231,7 @@ def tables(handle: Any) -> dict[str, Any]:
         "histogram series": lambda: sum(len(h.series) for h in owned.histograms._histograms),
         "span processor queue": lambda: len(owned.span_processor._queue),
         "dask key_split cache": lambda: key_split.cache_info().currsize,
-        "key_text cache": lambda: spans._rendered.cache_info().currsize,
+        "key_text cache": lambda: attributes._rendered.cache_info().currsize,
     }
     for name, probe in probes.items():
         try:

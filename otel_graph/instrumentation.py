@@ -27,10 +27,10 @@ import time
 from collections import Counter
 from typing import Any
 
-from otel_graph.config import ConfigurationError, Settings, load_settings
 from otel_graph.capture.local import LocalCapture
-from otel_graph.telemetry.process_state import ProcessState, ensure_exit_hook, providers_for, report_undelivered
+from otel_graph.config import ConfigurationError, Settings, load_settings
 from otel_graph.export.sdk import exit_window
+from otel_graph.telemetry.process_state import ProcessState, ensure_exit_hook, providers_for, report_undelivered
 from otel_graph.telemetry.tracker import Tracker
 
 logger = logging.getLogger("otel_graph")

@@ -10,7 +10,8 @@ import pytest
 from opentelemetry import context, trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 
-from test_exporters_env import otlp_env, receiver  # noqa: F401
+from subprocesses import otlp_env
+from test_exporters_env import receiver  # noqa: F401
 
 APP = r"""
 import dask, otel_graph

@@ -13,15 +13,18 @@ import re
 import signal
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
-from conftest import subprocess_env
+
+import subprocesses
 from otlp_receiver import OtlpReceiver
+from subprocesses import wait_for_address, without_otel
 
 pytest.importorskip("distributed")
 
-APP = Path(__file__).parent / "apps" / "cluster.py"
+APP = subprocesses.APPS / "cluster.py"
 ERROR = 2  # OTLP StatusCode.STATUS_CODE_ERROR
 
 
@@ -32,34 +35,18 @@ def receiver():
 
 
 def env_for(receiver: OtlpReceiver, **extra: str) -> dict[str, str]:
-    settings = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.grpc_endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
-                "OTEL_SERVICE_NAME": "cluster-test", **extra}
-    return subprocess_env(**settings)
+    """Exporting to ``receiver`` over gRPC, as the cluster's service."""
+    return subprocesses.otlp_env(receiver.grpc_endpoint, "grpc", service="cluster-test", **extra)
 
 
-class App:
-    def __init__(self, proc: subprocess.CompletedProcess[str]) -> None:
-        self.stdout, self.stderr, self.returncode = proc.stdout, proc.stderr, proc.returncode
-
-    def value(self, label: str) -> str:
-        for line in self.stdout.splitlines():
-            if line.startswith(label + " "):
-                return line[len(label) + 1:]
-        raise AssertionError(f"{label} not printed; stdout={self.stdout!r} stderr={self.stderr[-4000:]!r}")
+#: The app run to its end, which must exit cleanly (:func:`subprocesses.run_app`).
+run_app = partial(subprocesses.run_app, APP)
 
 
 def line_of(path: Path, text: str) -> int:
     """The number of the one line of ``path`` that holds ``text``."""
     (number,) = [n for n, line in enumerate(path.read_text().splitlines(), 1) if text in line]
     return number
-
-
-def run_app(*args: str, env: dict[str, str], timeout_s: float = 120) -> App:
-    proc = subprocess.run([sys.executable, str(APP), *args], env=env, capture_output=True, text=True,
-                          timeout=timeout_s)
-    app = App(proc)
-    assert app.returncode == 0, app.stderr[-4000:]
-    return app
 
 
 def trace_of(receiver: OtlpReceiver, *, expect_tasks: int, containing: str | None = None) -> tuple[dict, list[dict]]:
@@ -365,25 +352,6 @@ def test_workers_export_while_the_job_runs_without_any_flush(receiver):
 
 
 # -- clusters started outside Python ------------------------------------------------------------
-def _without_otel(env: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if not k.startswith("OTEL_")}
-
-
-def _wait_for_address(path: Path, proc: subprocess.Popen, timeout_s: float = 60) -> str:
-    import json
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"scheduler exited with {proc.returncode}")
-        try:
-            return json.loads(path.read_text())["address"]
-        except (FileNotFoundError, ValueError, KeyError):
-            time.sleep(0.05)  # the CLI's only readiness signal is this file appearing
-    raise AssertionError("scheduler did not start")
-
-
 @pytest.fixture
 def external_cluster(tmp_path):
     """Start ``dask scheduler`` and two ``dask worker`` processes; yields a starter."""
@@ -400,7 +368,7 @@ def external_cluster(tmp_path):
                  *(["--preload", "otel_graph"] if preload else [])],
                 env=scheduler_env, stdout=log, stderr=subprocess.STDOUT)
         procs.append(scheduler)
-        address = _wait_for_address(scheduler_file, scheduler)
+        address = wait_for_address(scheduler_file, scheduler)
         for i in range(2):
             with open(logs / f"worker-{i}.log", "w") as log:
                 procs.append(subprocess.Popen(
@@ -425,7 +393,7 @@ def external_cluster(tmp_path):
 def test_workers_without_otel_settings_use_the_clients_and_never_log_credentials(receiver, external_cluster):
     client_env = env_for(receiver, OTEL_EXPORTER_OTLP_HEADERS="authorization=Bearer%20s3cret-token")
     # Every log at its most verbose, so that a leak at debug level shows too.
-    bare = {**_without_otel(client_env), "DASK_LOGGING__DISTRIBUTED": "debug"}
+    bare = {**without_otel(client_env), "DASK_LOGGING__DISTRIBUTED": "debug"}
     address = external_cluster(scheduler_env=bare, worker_env=bare)
     app = run_app("--scheduler", address, "--wait-workers", "2", "--flush", "--debug-logs", env=client_env)
     assert app.value("RESULT") == str(sum(range(1, 21)))

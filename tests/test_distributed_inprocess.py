@@ -124,7 +124,7 @@ def test_concurrent_computes_from_threads_get_separate_traces(telemetry, client)
         thread.start()
     for thread in threads:
         thread.join(60)
-    assert results == {n: 15 for n in range(4)}
+    assert results == dict.fromkeys(range(4), 15)
     roots = telemetry.roots()
     assert len(roots) == 4 and len({r.context.trace_id for r in roots}) == 4
     assert wait_until(lambda: all(len(telemetry.children(r)) == 5 for r in telemetry.roots()))
@@ -325,8 +325,7 @@ def test_a_busy_worker_drains_before_its_interval_without_losing_a_task(telemetr
 @pytest.mark.parametrize("telemetry", [{"max_task_spans": 8}], indirect=True)
 def test_keys_that_are_each_their_own_prefix_stay_bounded_on_the_workers(telemetry, client, monkeypatch):
     from otel_graph import naming
-    from otel_graph.telemetry import metrics
-    from otel_graph.telemetry import policy
+    from otel_graph.telemetry import metrics, policy
     monkeypatch.setattr(policy, "MAX_AGGREGATES", 5)
     monkeypatch.setattr(metrics, "MAX_METRIC_PREFIXES", 20)
     graph = {f"t{i}": (inc, i) for i in range(300)}  # no '-': 300 prefixes

@@ -13,10 +13,11 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import subprocess_env
-from test_exporters_env import TASKS, console_spans, otlp_env, receiver, run_app, task_duration_count  # noqa: F401
 
+from conftest import subprocess_env
 from otel_graph.config import exporter_names
+from subprocesses import otlp_env
+from test_exporters_env import TASKS, console_spans, receiver, run_app, task_duration_count  # noqa: F401
 
 DISTS = Path(__file__).parent / "dists"
 

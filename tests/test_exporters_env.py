@@ -15,14 +15,16 @@ import sys
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
+
+import subprocesses
 from conftest import subprocess_env
 from otlp_receiver import OtlpReceiver
 from ports import free_port
+from subprocesses import Run, otlp_env, printed
 
-APP = Path(__file__).parent / "apps" / "compute.py"
+APP = subprocesses.APPS / "compute.py"
 TASKS = 9
 
 
@@ -32,12 +34,11 @@ def receiver() -> Iterator[OtlpReceiver]:
         yield running
 
 
-def run_app(*args: str, env: dict[str, str], timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([sys.executable, str(APP), "--tasks", str(TASKS), *args], env=env,
-                          capture_output=True, text=True, timeout=timeout_s)
-    assert proc.returncode == 0, proc.stderr
-    assert printed(proc.stdout, "RESULT") == str(sum(range(1, TASKS + 1))), proc.stdout
-    return proc
+def run_app(*args: str, env: dict[str, str], timeout_s: float = 120) -> Run:
+    """The app on TASKS tasks, run to its end: it must exit cleanly with their sum."""
+    run = subprocesses.run_app(APP, "--tasks", str(TASKS), *args, env=env, timeout_s=timeout_s)
+    assert run.value("RESULT") == str(sum(range(1, TASKS + 1))), run.stdout
+    return run
 
 
 @contextmanager
@@ -62,18 +63,6 @@ def waiting_app(*args: str, env: dict[str, str]) -> Iterator[str]:
     finally:
         proc.kill()
         proc.wait()
-
-
-def printed(stdout: str, label: str) -> str:
-    for line in stdout.splitlines():
-        if line.startswith(label + " "):
-            return line[len(label) + 1:]
-    raise AssertionError(f"{label} not printed; stdout={stdout!r}")
-
-
-def otlp_env(endpoint: str, protocol: str, **extra: str) -> dict[str, str]:
-    return subprocess_env(OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, OTEL_EXPORTER_OTLP_PROTOCOL=protocol,
-                          OTEL_SERVICE_NAME="etl-test", **extra)
 
 
 def task_duration_count(receiver: OtlpReceiver) -> int:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+
 from otlp_receiver import HAVE_OPENSSL, OtlpReceiver, make_self_signed_cert
 from test_otlp_export import APP, EXIT_HANG_S, EXPORTER_TIMEOUT_S, otlp_env, run_app
 
@@ -187,8 +188,8 @@ def test_a_backed_up_queue_goes_out_in_large_requests_under_the_size_limit(proto
     # default batch of 512 of them would be 8 MB) pass the collector's 4 MB limit.
     from opentelemetry.sdk.trace import TracerProvider
 
-    from otel_graph.export.sdk_internals import otlp_span_exporter
     from otel_graph.export.pipeline import MAX_REQUEST_BYTES, ReliableSpanProcessor
+    from otel_graph.export.sdk_internals import otlp_span_exporter
 
     with OtlpReceiver(hang=True) as receiver:  # the first request waits until every span is queued
         if protocol == "grpc":
@@ -226,7 +227,7 @@ def test_no_metric_export_after_exit_gave_up_changes_the_counters():
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricExportResult
 
-    from otel_graph.export.pipeline import CountingMetricExporter
+    from otel_graph.export.metric_counting import CountingMetricExporter
 
     reader = InMemoryMetricReader()
     MeterProvider(metric_readers=[reader]).get_meter("t").create_counter("dask.task.count").add(1)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+
 from conftest import subprocess_env
 from otlp_receiver import OtlpReceiver
 

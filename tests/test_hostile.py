@@ -14,14 +14,21 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import needs_distributed, subprocess_env
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from otlp_receiver import OtlpReceiver
 
-from otel_graph.naming import (MAX_KEY_CHARS, MAX_MESSAGE_CHARS, MAX_PREFIX_CHARS, MAX_STACK_CHARS, key_to_str,
-                               safe_text, task_prefix)
+from conftest import needs_distributed, subprocess_env
+from otel_graph.naming import (
+    MAX_KEY_CHARS,
+    MAX_MESSAGE_CHARS,
+    MAX_PREFIX_CHARS,
+    MAX_STACK_CHARS,
+    key_to_str,
+    safe_text,
+    task_prefix,
+)
 from otel_graph.telemetry.events import describe_exception
+from otlp_receiver import OtlpReceiver
 
 APPS = Path(__file__).parent / "apps"
 pytestmark = pytest.mark.slow  # whole apps on hostile input, plain and instrumented
@@ -339,7 +346,7 @@ def test_a_partial_made_its_own_function_is_named_without_hanging():
 
     from dask._task_spec import Task
 
-    from otel_graph.telemetry.spans import function_names
+    from otel_graph.telemetry.function_names import function_names
 
     looped = partial(print)
     looped.__setstate__((looped, (), {}, None))

@@ -10,8 +10,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from otel_graph.telemetry.metrics import TaskMetrics
 from otel_graph.export.pipeline import ReliableSpanProcessor
+from otel_graph.telemetry.metrics import TaskMetrics
 from otel_graph.telemetry.spans import DirectEmitter
 from otel_graph.telemetry.tracker import Tracker
 
@@ -84,7 +84,7 @@ def test_a_halt_in_the_middle_of_a_whole_drain_leaves_the_rest_counted_as_unbuil
         def emit(self, **kwargs):  # noqa: ANN003, ANN201
             self.made += 1
             if self.made == 2:
-                tracker._halt = True  # what stop(drain=False) sets, from the exit hook's thread
+                tracker._drainer.halt = True  # what stop(drain=False) sets, from the exit hook's thread
             return super().emit(**kwargs)
 
     tracker = Tracker(tracer=provider.get_tracer("test"), emitter=HaltingEmitter(provider, InstrumentationScope("t")),

@@ -15,14 +15,8 @@ from hypothesis import strategies as st
 
 pytest.importorskip("distributed")  # the scheduler's side imports it
 
-from otel_graph.cluster.ledger import (  # noqa: E402
-    MAX_OPEN_COMPUTES,
-    Deliveries,
-    Ledger,
-    LostRuns,
-    MetricDeliveries,
-    MetricLedger,
-)
+from otel_graph.cluster.deliveries import Deliveries, MetricDeliveries  # noqa: E402
+from otel_graph.cluster.ledger import MAX_OPEN_COMPUTES, Ledger, LostRuns, MetricLedger  # noqa: E402
 from otel_graph.cluster.scheduler import SchedulerTelemetryPlugin  # noqa: E402
 from otel_graph.naming import OTHER_PREFIXES  # noqa: E402
 from otel_graph.telemetry.metrics import MAX_METRIC_PREFIXES  # noqa: E402

@@ -7,11 +7,12 @@ import threading
 
 import dask
 import pytest
-from conftest import needs_distributed
-from test_exporters_env import receiver  # noqa: F401
-from graphs import DSK, add, boom, inc, timed_sleep
 from opentelemetry import trace
 from opentelemetry.trace import StatusCode
+
+from conftest import needs_distributed
+from graphs import DSK, add, boom, inc, timed_sleep
+from test_exporters_env import receiver  # noqa: F401
 
 SCHEDULERS = ["sync", "threads", "processes"]
 
@@ -50,15 +51,15 @@ def test_one_trace_per_compute_with_a_span_per_task(telemetry, scheduler):
 def test_a_graph_node_that_cannot_be_walked_keeps_its_span_without_its_function(telemetry, monkeypatch):
     # Naming a node's functions walks user data (nested tasks, containers); a walk that raises
     # costs that span its code.function.name, not the span, nor the compute's other spans.
-    from otel_graph.telemetry import spans
-    walk = spans._FunctionNames._visit
+    from otel_graph.telemetry import function_names
+    walk = function_names._FunctionNames._visit
 
     def visit(self, value, names, depth, *, known):
         if getattr(value, "key", None) == "y":
             raise RuntimeError("a node that cannot be walked")
         return walk(self, value, names, depth, known=known)
 
-    monkeypatch.setattr(spans._FunctionNames, "_visit", visit)
+    monkeypatch.setattr(function_names._FunctionNames, "_visit", visit)
     assert compute(DSK, "z", "sync") == 12
     (root,) = telemetry.roots()
     tasks = {s.attributes["dask.task.key"]: s for s in telemetry.children(root)}
@@ -550,9 +551,10 @@ def test_a_failed_computes_traceback_shows_no_frame_of_otel_graph(scheduler, sho
     import traceback
     from pathlib import Path
 
-    import otel_graph
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.trace import TracerProvider
+
+    import otel_graph
 
     def frames() -> list[tuple[str, str]]:
         paths = dask.config.get("admin.traceback.shorten") if shorten else []
@@ -573,7 +575,7 @@ def test_a_failed_computes_traceback_shows_no_frame_of_otel_graph(scheduler, sho
 
 SMALL_COMPUTES = r"""
 import dask, otel_graph
-from otel_graph.telemetry.tracker import ASIDE_COMPUTES
+from otel_graph.telemetry.aside import ASIDE_COMPUTES
 handle = otel_graph.instrument_scheduler(resources=False, drain_interval_s=3600)  # the tracker's thread stays out
 def inc(x): return x + 1
 def made():
@@ -600,12 +602,12 @@ def test_small_computes_spans_are_made_together_by_the_thread_that_computed(rece
     tracker thread's (and flush() still waits for it)."""
     import subprocess
 
-    from test_exporters_env import otlp_env
+    from subprocesses import otlp_env
 
     env = otlp_env(receiver.grpc_endpoint, "grpc", OTEL_METRICS_EXPORTER="none")  # spans encoded as they end
     run = subprocess.run([sys.executable, "-c", SMALL_COMPUTES], env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-3000:]
-    from otel_graph.telemetry.tracker import ASIDE_COMPUTES
+    from otel_graph.telemetry.aside import ASIDE_COMPUTES
 
     counts = {(line.split()[0], line.split()[1]): int(line.split()[2]) for line in run.stdout.splitlines()
               if line.startswith(("ASIDE", "BUILT"))}
@@ -634,7 +636,7 @@ def test_the_providers_force_flush_makes_and_exports_small_computes_set_aside(re
     computes set aside too, and returns once they are exported."""
     import subprocess
 
-    from test_exporters_env import otlp_env
+    from subprocesses import otlp_env
 
     env = otlp_env(receiver.grpc_endpoint, "grpc", OTEL_METRICS_EXPORTER="none")
     run = subprocess.run([sys.executable, "-c", FORCE_FLUSHED], env=env, capture_output=True, text=True, timeout=120)

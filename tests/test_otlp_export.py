@@ -10,15 +10,16 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import pytest
-from conftest import subprocess_env
+
+import subprocesses
 from otlp_receiver import OtlpReceiver
 from ports import free_port
 
-APP = Path(__file__).parent / "apps" / "compute.py"
+APP = subprocesses.APPS / "compute.py"
 #: The exporters' own timeout (seconds, as the Python SDK reads it) in the tests of exits
 #: past a broken collector, so that an exit that waited on one would take 30 s or more.
 EXPORTER_TIMEOUT_S = "30"
@@ -28,39 +29,14 @@ EXPORTER_TIMEOUT_S = "30"
 EXIT_HANG_S = 10.0
 
 
-@dataclass
-class Run:
-    stdout: str
-    stderr: str
-    returncode: int
-    exit_latency_s: float
-
-    def value(self, label: str) -> str:
-        for line in self.stdout.splitlines():
-            if line.startswith(label + " "):
-                return line[len(label) + 1:]
-        raise AssertionError(f"{label} not printed; stdout={self.stdout!r} stderr={self.stderr!r}")
-
-
-def run_app(*args: str, env: dict[str, str], timeout_s: float = 120) -> Run:
-    proc = subprocess.run([sys.executable, str(APP), *args], env=env, capture_output=True, text=True,
-                          timeout=timeout_s)
-    exited = time.monotonic()
-    run = Run(proc.stdout, proc.stderr, proc.returncode, 0.0)
-    if "LAST_COMPUTE_END" in proc.stdout:
-        run.exit_latency_s = exited - float(run.value("LAST_COMPUTE_END"))
-    return run
+#: The app run to its end (:func:`subprocesses.run_app`); each test checks how it exited.
+run_app = partial(subprocesses.run_app, APP, check=False)
 
 
 def otlp_env(endpoint: str, protocol: str, **extra: str) -> dict[str, str]:
-    settings = {
-        "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
-        "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
-        "OTEL_SERVICE_NAME": "etl-test",
-        "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment.name=ci",
-        "OTEL_GRAPH_RESOURCES": "true",
-    }
-    return subprocess_env(**{**settings, **extra})  # a test's own settings win
+    """An OTLP environment with the resource a deployment sets."""
+    settings = {"OTEL_RESOURCE_ATTRIBUTES": "deployment.environment.name=ci", "OTEL_GRAPH_RESOURCES": "true"}
+    return subprocesses.otlp_env(endpoint, protocol, **{**settings, **extra})  # a test's own settings win
 
 
 @pytest.fixture

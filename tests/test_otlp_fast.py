@@ -453,7 +453,7 @@ def test_a_metric_exporter_without_its_preferences_is_still_counted(
     from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
 
     from otel_graph.export import sdk_internals
-    from otel_graph.export.pipeline import CountingMetricExporter
+    from otel_graph.export.metric_counting import CountingMetricExporter
 
     class Bare(MetricExporter):
         def __init__(self) -> None:  # never calls the base: no _preferred_* attributes
@@ -484,7 +484,8 @@ def test_spans_encoded_as_they_end_arrive_as_stock_encodes_them(protocol: str, m
     """otel_graph's own spans, queued encoded (no ReadableSpan) for its OTLP exporters, arrive
     exactly as the stock encoder encodes the ReadableSpans the same calls make elsewhere."""
     from otel_graph.export.pipeline import ReliableSpanProcessor
-    from otel_graph.telemetry.spans import UNSET_STATUS, DirectEmitter
+    from otel_graph.telemetry.encoded_batch import UNSET_STATUS
+    from otel_graph.telemetry.spans import DirectEmitter
 
     def hand_over_all(emitter: DirectEmitter) -> None:
         parent = _context(0xFEED, 0xBEEF)
@@ -528,7 +529,8 @@ def test_spans_encoded_as_they_end_arrive_as_stock_encodes_them(protocol: str, m
 def test_spans_encoded_as_they_end_group_with_readable_spans_as_stock() -> None:
     """A batch mixing encoded spans and ReadableSpans of another resource: grouped by
     resource and scope, in first-seen order, as stock groups the equivalent spans."""
-    from otel_graph.export.otlp_fast import new_memo, origin, span_entry
+    from otel_graph.export.otlp_fast import origin
+    from otel_graph.export.otlp_spans import new_memo, span_entry
 
     other = Resource({"service.name": "worker"})
     parent = _context(0xFEED, 0xBEEF)
@@ -554,7 +556,8 @@ def test_spans_encoded_as_they_end_group_with_readable_spans_as_stock() -> None:
 def _encoded_spans(count: int, resource: Resource, scope: InstrumentationScope | None, *, key_chars: int = 6,
                    ) -> tuple[list[ReadableSpan], list[tuple[bytes, int]]]:
     """``count`` task-like spans of ``resource`` and ``scope``, as ReadableSpans and as encoded as they end."""
-    from otel_graph.export.otlp_fast import new_memo, origin, span_entry
+    from otel_graph.export.otlp_fast import origin
+    from otel_graph.export.otlp_spans import new_memo, span_entry
 
     parent, memo = _context(0xFEED, 0xBEEF), new_memo()
     readable = [ReadableSpan(name="inc", context=_context(0xFEED, i + 1), parent=parent, resource=resource,
@@ -606,14 +609,15 @@ def test_a_batch_of_encoded_spans_is_requested_as_stock_encodes_it(origin_name: 
 
 def test_a_batch_taken_all_encoded_weighs_what_its_spans_weigh(monkeypatch: pytest.MonkeyPatch) -> None:
     """The export thread takes a batch of encoded spans whole (loops in C); its weight is its spans'
-    _weight summed, large entries included (one of exactly SPAN_BYTES too), as a batch taken span
+    span_weight summed, large entries included (one of exactly SPAN_BYTES too), as a batch taken span
     by span (one not encoded among them) weighs; the rest stays queued, in order."""
     from otel_graph.export import pipeline
-    from otel_graph.export.pipeline import SPAN_BYTES, ReliableSpanProcessor, _weight
+    from otel_graph.export.pipeline import ReliableSpanProcessor
+    from otel_graph.export.span_batches import SPAN_BYTES, span_weight
 
     one_by_one: list[int] = []
-    take_any = pipeline._take_any
-    monkeypatch.setattr(pipeline, "_take_any", lambda queue, count: (one_by_one.append(count), take_any(queue, count))[1])
+    take_any = pipeline.take_any
+    monkeypatch.setattr(pipeline, "take_any", lambda queue, count: (one_by_one.append(count), take_any(queue, count))[1])
     sizes = [10, SPAN_BYTES - 1, SPAN_BYTES, 3 * SPAN_BYTES + 7, 0, 20]
     spans = [(bytes([i]) * size, 0) for i, size in enumerate(sizes)]
     readable = ReadableSpan(name="r", context=_context(1, 2), resource=RESOURCE, start_time=1, end_time=2)
@@ -629,7 +633,7 @@ def test_a_batch_taken_all_encoded_weighs_what_its_spans_weigh(monkeypatch: pyte
                 processor._queue.extend(queued)
                 batch = processor._take_batch()
                 assert batch == queued[:limit]
-                assert processor._inflight_weight == sum(map(_weight, batch))
+                assert processor._inflight_weight == sum(map(span_weight, batch))
                 assert processor._inflight == len(batch)
                 assert list(processor._queue) == queued[limit:]
                 assert bool(one_by_one) is mixed  # taken whole unless one is not encoded
@@ -669,7 +673,7 @@ def test_a_delivery_reader_gets_readable_spans(monkeypatch: pytest.MonkeyPatch) 
 def test_a_long_lived_memo_keeps_no_long_strings() -> None:
     """An emitter's memo outlives requests: stack traces and messages, which rarely repeat,
     must not stay in it (1,300 distinct tracebacks once held 53 MB after their export)."""
-    from otel_graph.export.otlp_fast import new_memo, span_entry
+    from otel_graph.export.otlp_spans import new_memo, span_entry
 
     memo = new_memo()
     status = Status(StatusCode.ERROR, "boom")
@@ -701,8 +705,9 @@ def test_spans_queued_together_are_counted_one_by_one() -> None:
 
 def test_spans_queued_together_weigh_what_each_weighs_alone() -> None:
     """A batch's weight (on_end_encoded_many adds it up in a loop of its own) is the sum of its
-    spans' _weight, large spans included, so the queue's bound holds whichever way they come."""
-    from otel_graph.export.pipeline import SPAN_BYTES, ReliableSpanProcessor, _weight
+    spans' span_weight, large spans included, so the queue's bound holds whichever way they come."""
+    from otel_graph.export.pipeline import ReliableSpanProcessor
+    from otel_graph.export.span_batches import SPAN_BYTES, span_weight
 
     spans = [(b"x" * size, 0) for size in (10, SPAN_BYTES - 1, SPAN_BYTES, 3 * SPAN_BYTES + 7, 0)]
     together = ReliableSpanProcessor(InMemorySpanExporter(), max_queued=10_000, schedule_delay_s=60)
@@ -711,7 +716,7 @@ def test_spans_queued_together_weigh_what_each_weighs_alone() -> None:
         together.on_end_encoded_many(spans)
         for span in spans:
             alone.on_end_encoded(span)
-        assert together._weight == alone._weight == sum(map(_weight, spans)) == len(spans) + 1 + 3
+        assert together._weight == alone._weight == sum(map(span_weight, spans)) == len(spans) + 1 + 3
     finally:
         together.shutdown()
         alone.shutdown()
@@ -721,7 +726,8 @@ def test_spans_queued_together_weigh_what_each_weighs_alone() -> None:
 def test_a_keyed_string_is_the_generic_attribute_byte_for_byte(length: int) -> None:
     """The task key's short path writes the bytes the generic encoder writes, at every length
     where a varint grows a byte."""
-    from otel_graph.export.otlp_fast import attribute_head, encoded_attribute, keyed_string, new_memo
+    from otel_graph.export.otlp_spans import encoded_attribute, keyed_string, new_memo
+    from otel_graph.export.otlp_wire import attribute_head
 
     for text in ("k" * length, "ü" * (length // 2)):
         for name in ("dask.task.key", "a" * 120):
@@ -735,7 +741,7 @@ def test_a_child_entry_is_the_span_entry_of_the_same_span(name, times, attribute
     """child_entry writes a task span's fields itself (name, times, the entry's length): the
     same bytes as span_entry for the same span, memo warm or cold, and entries long enough for
     each length encoding (one byte, two, more)."""
-    from otel_graph.export.otlp_fast import child_entry, encoded_attributes, new_memo, span_entry
+    from otel_graph.export.otlp_spans import child_entry, encoded_attributes, new_memo, span_entry
 
     start, end = times
     attributes = {"dask.task.key": "k" * attribute_bytes} if attribute_bytes else {}

@@ -13,12 +13,10 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
-from test_otlp_fast import ALL_TYPES, RESOURCE, SCOPE, _context, sdk_spans  # noqa: F401
 
-from otel_graph.export import otlp_fast
-
-from otel_graph.export import otlp_json
+from otel_graph.export import otlp_json, otlp_wire
 from otel_graph.export.otlp_fast import encode_spans_fast
+from test_otlp_fast import ALL_TYPES, RESOURCE, SCOPE, _context, sdk_spans  # noqa: F401
 
 
 def mapped(spans: list[ReadableSpan]) -> str:
@@ -112,7 +110,7 @@ def test_a_key_that_is_not_utf8_costs_that_key_only(where, caplog):
     """A lone surrogate in a key: the mapping's path leaves that key out (and logs it),
     rather than the whole line failing to write."""
     # Its log line would carry the surrogate into pytest-xdist's report, which cannot carry it.
-    caplog.set_level(logging.CRITICAL + 1, logger=otlp_fast._logger.name)
+    caplog.set_level(logging.CRITICAL + 1, logger=otlp_wire._logger.name)
     bad = {"path\udcff": "v", "ok": 1}
     span = ReadableSpan(
         "s", context=_context(1, 2), attributes=bad if where == "span" else {"ok": 1},

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from conftest import subprocess_env
 from otlp_receiver import OtlpReceiver
 
@@ -31,12 +32,12 @@ def test_a_loop_of_tiny_computes_stays_bounded_and_loses_nothing(scheduler):
         samples = [line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("SAMPLE")]
         assert [sample[-1] for sample in samples] == ["True", "True"], "each sample waited for the export queue"
         (early, late) = [[int(v) for v in sample[:-1]] for sample in samples]
-        # Between the samples 5,400 computes ran. Counted, gc-tracked objects stay level
-        # (measured: -22): one leaked per compute would show. RSS is coarser: samples are
+        # Between the samples 5,400 computes ran. Counted, gc-tracked objects stay level:
+        # one leaked per compute would show. RSS is coarser: samples are
         # taken with the export queue drained, but the allocator keeps its high-water mark,
         # and a tight loop outruns the export thread (both want the GIL), so the queue peaks
-        # at thousands of spans of 2.5 kB (measured: RSS 8-15 MB up after peaks of
-        # 3,200-8,600 spans; 5 MB with the queue kept short).
+        # at thousands of spans of 2.5 kB: RSS rises 8-15 MB after peaks of 3,200-8,600
+        # spans, under the bar below.
         assert abs(late[5] - early[5]) < 500, f"{late[5] - early[5]} more gc-tracked objects"
         grew = (late[1] - early[1]) >> 20
         assert grew < 32, f"RSS grew {grew} MB; at most {late[4]} spans were queued for export"

@@ -23,10 +23,12 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 
 from graphs import add, inc
-from otel_graph.naming import task_prefix
-from otel_graph.telemetry.events import ErrorInfo, TaskEvent
 from otel_graph.export.otlp_fast import encode_spans_fast
-from otel_graph.telemetry.spans import UNSET_STATUS, DirectEmitter, EncodedBatch, task_attributes, task_facts
+from otel_graph.naming import task_prefix
+from otel_graph.telemetry.attributes import task_attributes, task_facts
+from otel_graph.telemetry.encoded_batch import UNSET_STATUS, EncodedBatch
+from otel_graph.telemetry.events import ErrorInfo, TaskEvent
+from otel_graph.telemetry.spans import DirectEmitter
 from otel_graph.telemetry.task_encoding import TaskAttributeEncoder
 
 RESOURCE = Resource({"service.name": "encoding-test"})
@@ -201,7 +203,7 @@ def test_a_halt_while_small_computes_spans_are_made_queues_what_was_built() -> N
 
     class HaltingBatch(EncodedBatch):  # the halt lands as the task spans are made
         def add_tasks(self, *args: Any) -> tuple[list[Any], list[tuple[TaskEvent, str]]]:
-            tracker._halt = True  # what stop(drain=False) sets, from the exit hook's thread
+            tracker._drainer.halt = True  # what stop(drain=False) sets, from the exit hook's thread
             return super().add_tasks(*args)
 
     class Halting(DirectEmitter):
@@ -290,18 +292,18 @@ def test_a_large_computes_slices_are_queued_once_each_even_when_one_is_refused(
     """A compute past the whole drain's size goes through its span plan a slice of records at a
     time, each slice's spans queued together. A slice the processors refuse is counted in
     span_errors, once, and never queued again with the next; the others arrive, each once."""
-    from otel_graph.telemetry import tracker as tracker_module
+    from otel_graph.telemetry import drain as drain_module
     class RefusesTheSecond(Encoded):
         calls = 0
 
         def on_end_encoded_many(self, spans: list[tuple[bytes, int]]) -> None:
-            assert tracker._building._is_owned()  # queued before stop() can count them
+            assert tracker._drainer.building._is_owned()  # queued before stop() can count them
             self.calls += 1
             if self.calls == 2:
                 raise RuntimeError("queue refused")
             super().on_end_encoded_many(spans)
 
-    monkeypatch.setattr(tracker_module, "EVENT_SLICE", 100)
+    monkeypatch.setattr(drain_module, "EVENT_SLICE", 100)
     refusing = RefusesTheSecond()
     tracker = _tracker(refusing, max_task_spans=None)
     try:
@@ -323,7 +325,7 @@ def test_a_large_computes_slices_are_queued_once_each_even_when_one_is_refused(
 def test_a_large_computes_spans_are_queued_a_few_hundred_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """The span plan's spans go to the export queue in batches of BATCH_SPANS as they are made,
     not a slice at the end: the exporter starts on them while the rest are made."""
-    from otel_graph.telemetry import tracker as tracker_module
+    from otel_graph.telemetry import drain as drain_module
     class Sizes(Encoded):
         def __init__(self) -> None:
             super().__init__()
@@ -333,7 +335,7 @@ def test_a_large_computes_spans_are_queued_a_few_hundred_at_a_time(monkeypatch: 
             self.sizes.append(len(spans))
             super().on_end_encoded_many(spans)
 
-    monkeypatch.setattr(tracker_module, "BATCH_SPANS", 30)
+    monkeypatch.setattr(drain_module, "BATCH_SPANS", 30)
     sizes = Sizes()
     tracker = _tracker(sizes, max_task_spans=None)
     try:
@@ -380,8 +382,9 @@ def test_small_computes_set_aside_are_made_by_a_flush_and_at_stop() -> None:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
+    from otel_graph.telemetry.aside import ASIDE_COMPUTES
     from otel_graph.telemetry.metrics import TaskMetrics
-    from otel_graph.telemetry.tracker import ASIDE_COMPUTES, Tracker
+    from otel_graph.telemetry.tracker import Tracker
 
     provider = TracerProvider(resource=RESOURCE)
     encoded = Encoded()
@@ -455,7 +458,7 @@ def test_a_compute_the_tracker_drained_while_it_was_being_set_aside_is_not_made_
     """The tracker's thread drains running computes: if it takes a compute's records while its
     thread is reading them to set it aside, the compute is drained there instead, each task
     a span once."""
-    import otel_graph.telemetry.tracker as tracker_module
+    import otel_graph.telemetry.aside as aside_module
 
     encoded = Encoded()
     tracker = _tracker(encoded, drain_interval_s=3600)
@@ -463,18 +466,18 @@ def test_a_compute_the_tracker_drained_while_it_was_being_set_aside_is_not_made_
     assert record is not None and record.inline
     record.submitted = 3
     record.sink.extend((f"inc-{i}", 1, 2, 1, 1, 8, "int", None) for i in range(3))
-    facts = tracker_module.task_facts
+    facts = aside_module.task_facts
     landed = []
 
     def drain_lands(*args: Any, **kwargs: Any) -> Any:
         if not landed:  # what the tracker's thread does to a compute it found running
             landed.append(True)
             end_ns, record.end_ns = record.end_ns, None
-            tracker._drain_guarded(record)
+            tracker._drainer.drain_guarded(record)
             record.end_ns = end_ns
         return facts(*args, **kwargs)
 
-    monkeypatch.setattr(tracker_module, "task_facts", drain_lands)
+    monkeypatch.setattr(aside_module, "task_facts", drain_lands)
     try:
         tracker.end(record, None)
         assert tracker.flush(5)

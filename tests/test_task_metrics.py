@@ -14,10 +14,10 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from otel_graph.telemetry.events import TaskEvent, describe_exception
 from otel_graph.export.histograms import HistogramSet
+from otel_graph.export.metric_counting import CountingMetricExporter
+from otel_graph.telemetry.events import TaskEvent, describe_exception
 from otel_graph.telemetry.metrics import FOLD_AT, TaskMetrics
-from otel_graph.export.pipeline import CountingMetricExporter
 
 
 def _points(histograms: HistogramSet, temporality: AggregationTemporality) -> dict:

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from conftest import subprocess_env
 from otlp_receiver import OtlpReceiver
 

@@ -40,15 +40,17 @@ from pathlib import Path
 from types import TracebackType
 
 import pytest
+
 from conftest import subprocess_env
 from otlp_receiver import OtlpReceiver
 from ports import free_port
-from test_distributed import _wait_for_address, _without_otel, env_for, trace_of
+from subprocesses import APPS, wait_for_address, without_otel
+from test_distributed import env_for, trace_of
 
 pytest.importorskip("distributed")
 pytestmark = pytest.mark.slow  # clusters losing processes, each run to its end
 
-APP = Path(__file__).parent / "apps" / "worker_exits.py"
+APP = APPS / "worker_exits.py"
 ERROR = 2  # OTLP StatusCode.STATUS_CODE_ERROR
 #: Any single step of a scenario; the whole file runs in well under a minute.
 STEP_S = 30.0
@@ -461,7 +463,7 @@ class CommandLineCluster:
             ["distributed.cli.dask_scheduler", "--scheduler-file", str(scheduler_file), "--host", "127.0.0.1",
              "--port", str(self.port), "--dashboard-address", ":0", *self._preload],
             f"scheduler-{len(self._procs)}.log")
-        address = _wait_for_address(scheduler_file, self.scheduler)
+        address = wait_for_address(scheduler_file, self.scheduler)
         self.port = int(address.rsplit(":", 1)[1])
         return address
 
@@ -508,7 +510,7 @@ def test_a_preloaded_worker_killed_before_it_delivered_is_accounted_for(receiver
 
 def test_a_scheduler_killed_and_started_again_on_its_address(receiver, tmp_path):
     client_env = env_for(receiver)
-    cluster = CommandLineCluster(tmp_path, _without_otel(client_env))
+    cluster = CommandLineCluster(tmp_path, without_otel(client_env))
     try:
         address = cluster.start_scheduler()
         cluster.start_workers(address)

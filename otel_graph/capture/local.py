@@ -38,11 +38,11 @@ from functools import partial, wraps
 from multiprocessing.pool import ThreadPool
 from typing import TYPE_CHECKING, Any, Protocol
 
-from otel_graph.telemetry.task_context import attach_context, detach_context
 from otel_graph.capture.task_runner import execute, run_remote
+from otel_graph.telemetry.task_context import attach_context, detach_context
 
 if TYPE_CHECKING:
-    from otel_graph.telemetry.tracker import ComputeRecord
+    from otel_graph.telemetry.compute_record import ComputeRecord
 
 _get_ident = threading.get_ident
 

@@ -16,7 +16,7 @@ nothing per task:
   graph and per lost worker, and a tally per finished task (:mod:`.ledger`: what a
   worker killed outright took with it); each task's context handed to its worker;
   distributed's fine performance metrics as counters (:mod:`.fine_metrics`);
-* :mod:`.adapter`: the only module that reads distributed's internals;
+* :mod:`.adapter`: the only package that reads distributed's internals (one module per side);
 * :mod:`.preload`: ``dask scheduler|worker --preload otel_graph``.
 
 A worker's task records go through :mod:`otel_graph.telemetry` as the local schedulers' do.

@@ -17,6 +17,9 @@ opens none. A wrapped call:
    future of the other calls finishes, errs, is cancelled or is dropped (watched
    without holding the futures, so dropping them still releases their work).
 
+The adapter replaces these methods on the class and puts them back
+(:func:`.adapter.patch_client`); what the replacements do is this module's.
+
 A client is *attached* to its cluster once, at ``Client.start`` or its first traced call
 (:mod:`.membership`): the plugins go on the cluster, and the client listens to it.
 
@@ -30,7 +33,6 @@ import contextvars
 import functools
 import inspect
 import logging
-import types
 from concurrent.futures import CancelledError
 from typing import Any
 
@@ -49,9 +51,6 @@ _INSIDE: contextvars.ContextVar[bool] = contextvars.ContextVar("otel_graph_insid
 #: The note (:mod:`.propagation`) of the traced call running in this context: it goes
 #: ahead of the graph that call sends, and of no other.
 _NOTE: contextvars.ContextVar[str | None] = contextvars.ContextVar("otel_graph_note", default=None)
-_WRAPPED = ("get", "compute", "persist", "submit", "map")
-#: Every message from the client to the scheduler goes through it; a graph as "update-graph".
-_SENDS = "_send_to_scheduler"
 
 
 def _futures(result: Any) -> list[Any]:
@@ -60,23 +59,6 @@ def _futures(result: Any) -> list[Any]:
     if isinstance(result, Future):
         return [result]
     return list(futures_of(result))
-
-
-def _as_if_in(original: Any, wrapper: Any) -> Any:
-    """``wrapper``, run with the globals of the module ``original`` was defined in.
-
-    distributed records the code that submitted a computation (``Computation.code``, shown
-    on the dashboard) by walking up the stack past frames of modules it ignores
-    (``distributed.diagnostics.computations.ignore-modules``: dask, distributed, ...), by
-    their globals' ``__name__``. A wrapper's frame is on that stack; run in distributed's
-    module it is skipped like the method it stands for, and the user's code is recorded,
-    as without otel_graph. ``wrapper`` must read nothing from this module's globals (only
-    its closure and builtins).
-    """
-    clone = types.FunctionType(wrapper.__code__, original.__globals__, wrapper.__name__, wrapper.__defaults__,
-                               wrapper.__closure__)
-    clone.__kwdefaults__ = wrapper.__kwdefaults__
-    return functools.update_wrapper(clone, original)
 
 
 class ClusterCapture(ClusterMembership):
@@ -96,25 +78,16 @@ class ClusterCapture(ClusterMembership):
 
     # -- install ---------------------------------------------------------------------------
     def install(self) -> None:
-        from distributed import Client
-
-        # A distributed without it (renamed one day) gets no contexts sent: computes are
-        # traced, their tasks counted, without spans (stats() says how many).
-        for name in (*_WRAPPED, "start", *([_SENDS] if _SENDS in Client.__dict__ else [])):
-            original = Client.__dict__[name]
-            self._originals[name] = original
-            wrap = {"start": self._wrap_start, _SENDS: self._wrap_send}.get(name)
-            setattr(Client, name, wrap(original) if wrap is not None else self._wrap(original, name))
+        # A distributed without the send gets no contexts sent: computes are traced, their
+        # tasks counted, without spans (stats() says how many).
+        self._originals = adapter.patch_client(traced=self._wrap, start=self._wrap_start, send=self._wrap_send)
         self._spans.install()
 
     def uninstall(self, *, detach: bool = True) -> None:
         """Restore the Client class; with ``detach``, also leave the clusters (see the module docs)."""
-        from distributed import Client
-
         self._closed = True
         self._spans.uninstall()
-        for name, original in self._originals.items():
-            setattr(Client, name, original)
+        adapter.restore_client(self._originals)
         self._originals.clear()
         leaving = []
         for client in list(self._attached):
@@ -158,7 +131,7 @@ class ClusterCapture(ClusterMembership):
 
     def _announce(self, client: Any, note: str, graph: dict) -> None:
         """Queue the compute's context on the client's loop just ahead of the graph's message
-        (``_send_to_scheduler`` queues that next, and the loop runs them in order)."""
+        (the send this wraps queues that next, and the loop runs them in order)."""
         try:
             stream = self._streams.get(client)
             if stream is None or adapter.scheduler_stream(client) is not stream:
@@ -182,8 +155,8 @@ class ClusterCapture(ClusterMembership):
             logger.debug("otel_graph: could not send a compute's context", exc_info=True)
 
     def _wrap(self, original: Any, kind: str) -> Any:
-        # Run in distributed's module (_as_if_in), so it reads no global of ours: all it
-        # needs comes through the closure.
+        # Run in distributed's module (adapter.patch_client), so it reads no global of ours:
+        # all it needs comes through the closure.
         inside, enter, failed, returned = _INSIDE, self._enter, self._failed, self._returned
         drop_frame = drop_own_frame
 
@@ -201,7 +174,7 @@ class ClusterCapture(ClusterMembership):
                 raise
             return returned(call, kind, client, kwargs, result)
 
-        return _as_if_in(original, traced)
+        return traced
 
     def _enter(self, client: Any) -> tuple[Any, Any, Any] | None:
         """Open the call's compute span; (record, tokens...) or None when it cannot be traced."""

@@ -10,13 +10,14 @@ and the compute's task count would not add up.
 So the scheduler keeps a :class:`Ledger`. It sees every run finish (``processing ->
 memory`` or ``-> erred``, with the worker and the run's ``compute`` times), and each
 worker says on its stream to the scheduler (:func:`.adapter.say_to_scheduler`, in order
-with its ``task-finished`` messages; an earlier otel_graph sent an event on :data:`TOPIC`) what its exporter delivered, counted by :class:`Deliveries`
-per compute and prefix. Per worker the ledger holds the difference, per compute (its
-traceparent) and prefix: O(computes x prefixes) however many tasks run, and nothing
-once the worker's exports catch up. When a worker is removed, what is left is what it
-took with it (:meth:`Ledger.lost`): the client that submitted the compute makes a span of
-each prefix's share, marked ``dask.task.recovered``, so that the compute's spans again
-account for every task.
+with its ``task-finished`` messages; an earlier otel_graph sent an event on :data:`TOPIC`)
+what its exporter delivered, counted per compute and prefix by :class:`.deliveries.Deliveries`.
+Per worker the ledger holds the difference, per compute (its traceparent) and prefix:
+O(computes x prefixes) however many tasks run, and nothing once the worker's exports
+catch up. When a worker is removed, what is left is what it took with it
+(:meth:`Ledger.lost`): the client that submitted the compute makes a span of each
+prefix's share, marked ``dask.task.recovered``, so that the compute's spans again account
+for every task.
 
 A worker that closes (gracefully, or on SIGTERM) says so in its last report
 (``closing``): what it has not delivered by then it delivers on its way out or counts as
@@ -31,8 +32,16 @@ in-process worker) cannot say what was delivered.
 Task metrics are kept the same way by a :class:`MetricLedger`: every run a worker
 finishes (task metrics count every task, traced or not), per prefix and outcome,
 against the cumulative ``dask.task.duration`` counts of the worker's last delivered
-metric export (:class:`MetricDeliveries`). What a lost worker took with it, one
+metric export (:class:`.deliveries.MetricDeliveries`). What a lost worker took with it, one
 instrumented client records into its own task metrics, marked ``dask.task.recovered``.
+
+One life cycle, two books: both ledgers are an :class:`_Accounts`, which keeps each
+worker's book from :meth:`~_Accounts.join` through its reports and its goodbye to
+:meth:`~_Accounts.lost` (a worker removed) or :meth:`~_Accounts.forget` (retired, or its
+telemetry replaced). What a book holds is each ledger's own: a :class:`Ledger` book the
+tallies of each open compute, taken down by the deltas a worker reports; a
+:class:`MetricLedger` book the runs finished and the totals last delivered, compared
+only when the worker is lost.
 
 Limits: a kill within milliseconds of an export, before its report reaches the
 scheduler, counts those tasks twice; a worker whose stream to the scheduler breaks while
@@ -78,7 +87,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from otel_graph.naming import OTHER_PREFIXES, fold_prefix
 from otel_graph.telemetry.metrics import MAX_METRIC_PREFIXES
@@ -147,7 +156,16 @@ class _Compute:
                 del tallies[name]
 
 
-def _rows(entries: Any) -> Iterator[tuple[Any, Any, int, int, bool]]:
+def _tallies(compute: _Compute) -> Iterator[_Tally]:
+    yield from compute.tallies.values()
+    yield from compute.failures.values()
+
+
+#: A row of a worker's report, as :func:`_rows` reads it.
+_Row = tuple[Any, Any, int, int, bool]
+
+
+def _rows(entries: Any) -> Iterator[_Row]:
     """The well-formed rows of a worker's report: a text and a text or flag, then a count and
     nanoseconds, and whether they failed (a fifth value; absent from an older worker's rows)."""
     if not isinstance(entries, (list, tuple)):  # msgpack makes lists tuples
@@ -162,30 +180,78 @@ def _rows(entries: Any) -> Iterator[tuple[Any, Any, int, int, bool]]:
             yield row
 
 
-def _tallies(compute: _Compute) -> Iterator[_Tally]:
-    yield from compute.tallies.values()
-    yield from compute.failures.values()
+_Book = TypeVar("_Book")
+_Loss = TypeVar("_Loss")
 
 
-class Ledger:
-    """On the scheduler: per worker, what ran there and was not yet delivered."""
+class _Accounts(Generic[_Book, _Loss]):
+    """Per worker, a book of what ran there against what it delivered, through one life cycle.
+
+    A worker's book opens when it says it keeps accounts (:meth:`join`); from then on each
+    run it finishes is entered, and each report (:meth:`delivered`) takes off what its
+    exporter delivered, until its goodbye (``closing``) or its removal: settled as lost
+    (:meth:`lost`), or dropped (:meth:`forget`). A subclass says what a book holds
+    through four hooks: :meth:`_open` a new one, :meth:`_take` a report's rows off it,
+    :meth:`_clear` it at the worker's goodbye, :meth:`_settle` what is left of it.
+    """
 
     def __init__(self) -> None:
-        self._workers: dict[str, OrderedDict[str, _Compute]] = {}
+        self._books: dict[str, _Book] = {}
         #: Workers that said they are closing: later reports are theirs to settle.
         self._closing: set[str] = set()
+
+    def join(self, worker: str) -> None:
+        if worker not in self._books:
+            self._books[worker] = self._open()
+
+    def keeps(self, worker: str) -> bool:
+        return worker in self._books
+
+    def delivered(self, worker: str, entries: Any, *, closing: bool = False) -> None:
+        """A worker's report (rows as :func:`_rows` reads them). Never raises."""
+        book = self._books.get(worker)
+        if book is None or worker in self._closing:
+            return
+        if closing:  # what it has not delivered is its own to deliver or count, from here on
+            self._closing.add(worker)
+            self._clear(book)
+            return
+        self._take(book, _rows(entries))
+
+    def lost(self, worker: str) -> list[_Loss]:
+        """What the worker took with it; its book is closed."""
+        book = self._books.pop(worker, None)
+        self._closing.discard(worker)
+        return [] if book is None else self._settle(book)
+
+    def forget(self, worker: str) -> None:
+        self._books.pop(worker, None)
+        self._closing.discard(worker)
+
+    def _open(self) -> _Book:
+        raise NotImplementedError
+
+    def _take(self, book: _Book, rows: Iterator[_Row]) -> None:
+        raise NotImplementedError
+
+    def _clear(self, book: _Book) -> None:
+        raise NotImplementedError
+
+    def _settle(self, book: _Book) -> list[_Loss]:
+        raise NotImplementedError
+
+
+class Ledger(_Accounts[OrderedDict[str, _Compute], Lost]):
+    """On the scheduler: per worker, what ran there and was not yet delivered, per compute and prefix."""
+
+    def __init__(self) -> None:
+        super().__init__()
         #: Tasks dropped from a ledger that grew past MAX_OPEN_COMPUTES computes.
         self.untracked = 0
 
-    def join(self, worker: str) -> None:
-        self._workers.setdefault(worker, OrderedDict())
-
-    def keeps(self, worker: str) -> bool:
-        return worker in self._workers
-
     def finished(self, worker: str, traceparent: str, prefix: str, *, start_s: float, stop_s: float,
                  failed: bool = False) -> None:
-        computes = self._workers.get(worker)
+        computes = self._books.get(worker)
         if computes is None:
             return
         compute = computes.get(traceparent)
@@ -212,16 +278,16 @@ class Ledger:
         tally.start_s = min(tally.start_s, start_s)
         tally.stop_s = max(tally.stop_s, stop_s)
 
-    def delivered(self, worker: str, entries: Any, *, closing: bool = False) -> None:
-        """A worker's report: ``[traceparent, prefix, tasks, duration_ns, failed]`` rows. Never raises."""
-        computes = self._workers.get(worker)
-        if computes is None or worker in self._closing:
-            return
-        if closing:
-            self._closing.add(worker)
-            self._workers[worker] = OrderedDict()
-            return
-        for traceparent, prefix, count, duration_ns, failed in _rows(entries):
+    def outstanding(self, worker: str) -> int:
+        """Tasks that ran on ``worker`` whose telemetry it has not reported delivered."""
+        return sum(t.count for compute in self._books.get(worker, {}).values() for t in _tallies(compute))
+
+    def _open(self) -> OrderedDict[str, _Compute]:
+        return OrderedDict()
+
+    def _take(self, computes: OrderedDict[str, _Compute], rows: Iterator[_Row]) -> None:
+        """``[traceparent, prefix, tasks, duration_ns, failed]`` rows, delivered since the last report."""
+        for traceparent, prefix, count, duration_ns, failed in rows:
             compute = computes.get(traceparent)
             if compute is None or count <= 0:
                 continue
@@ -229,21 +295,13 @@ class Ledger:
             if not compute:
                 del computes[traceparent]
 
-    def outstanding(self, worker: str) -> int:
-        """Tasks that ran on ``worker`` whose telemetry it has not reported delivered."""
-        return sum(t.count for compute in self._workers.get(worker, {}).values() for t in _tallies(compute))
+    def _clear(self, computes: OrderedDict[str, _Compute]) -> None:
+        computes.clear()
 
-    def lost(self, worker: str) -> list[Lost]:
-        """What the worker took with it; its ledger is closed."""
-        computes = self._workers.pop(worker, None) or {}
-        self._closing.discard(worker)
+    def _settle(self, computes: OrderedDict[str, _Compute]) -> list[Lost]:
         return [Lost(traceparent, prefix, tally.count, tally.duration_ns / 1e9, tally.start_s, tally.stop_s)
                 for traceparent, compute in computes.items()
                 for prefix, tally in (*compute.tallies.items(), *compute.failures.items()) if tally.count > 0]
-
-    def forget(self, worker: str) -> None:
-        self._workers.pop(worker, None)
-        self._closing.discard(worker)
 
 
 class LostRuns(NamedTuple):
@@ -255,18 +313,19 @@ class LostRuns(NamedTuple):
     duration_s: float
 
 
-class _WorkerRuns:
-    __slots__ = ("finished", "delivered", "labels", "closing")
+class _Runs:
+    """One worker's runs, as the scheduler saw them finish and as its metrics last delivered them."""
+
+    __slots__ = ("finished", "delivered", "labels")
 
     def __init__(self) -> None:
         #: (label, failed) -> [runs, summed duration ns]: finished there, and as last delivered.
         self.finished: dict[tuple[str, bool], list[int]] = {}
         self.delivered: dict[tuple[str, bool], list[int]] = {}
         self.labels: set[str] = set()
-        self.closing = False
 
 
-class MetricLedger:
+class MetricLedger(_Accounts[_Runs, LostRuns]):
     """On the scheduler: per worker, runs finished against its delivered task metrics.
 
     >>> runs = MetricLedger()
@@ -278,14 +337,8 @@ class MetricLedger:
     [LostRuns(prefix='inc', failed=False, count=2, duration_s=1.0)]
     """
 
-    def __init__(self) -> None:
-        self._workers: dict[str, _WorkerRuns] = {}
-
-    def join(self, worker: str) -> None:
-        self._workers.setdefault(worker, _WorkerRuns())
-
     def finished(self, worker: str, prefix: str, *, failed: bool, duration_s: float) -> None:
-        runs = self._workers.get(worker)
+        runs = self._books.get(worker)
         if runs is None:
             return
         # Labelled as the worker labels its metrics: its first MAX_METRIC_PREFIXES prefixes.
@@ -296,30 +349,28 @@ class MetricLedger:
         tally[0] += 1
         tally[1] += max(0, int(duration_s * 1e9))
 
-    def delivered(self, worker: str, entries: Any, *, closing: bool = False) -> None:
-        """A worker's report: ``[label, failed, runs, duration_ns]`` rows, cumulative. Never raises."""
-        runs = self._workers.get(worker)
-        if runs is None or runs.closing:
-            return
-        if closing:  # what it has not delivered is its own to deliver or count, from here on
-            runs.finished, runs.delivered, runs.closing = {}, {}, True
-            return
-        for label, failed, count, duration_ns, _ in _rows(entries):
+    def _open(self) -> _Runs:
+        return _Runs()
+
+    def _take(self, runs: _Runs, rows: Iterator[_Row]) -> None:
+        """``[label, failed, runs, duration_ns]`` rows, cumulative: each replaces the last."""
+        for label, failed, count, duration_ns, _ in rows:
             if count >= 0:
                 runs.delivered[(str(label), bool(failed))] = [count, max(0, duration_ns)]
 
-    def lost(self, worker: str) -> list[LostRuns]:
-        """What the worker took with it; its ledger is closed.
+    def _clear(self, runs: _Runs) -> None:
+        # The labels stay: the worker goes on labelling its metrics by the prefixes it saw first.
+        runs.finished, runs.delivered = {}, {}
 
-        Per label, finished less delivered. Deliveries under a label the scheduler did not
-        count (the two fold past the limit differently) are taken from the others of the
-        same outcome, the overflow label first: the total is exact, the split a best effort.
-        Failures are never taken from successes: the scheduler does not count a failed
-        attempt that Dask retries, which its worker's metrics do count.
+    def _settle(self, runs: _Runs) -> list[LostRuns]:
+        """Per label, finished less delivered.
+
+        Deliveries under a label the scheduler did not count (the two fold past the limit
+        differently) are taken from the others of the same outcome, the overflow label
+        first: the total is exact, the split a best effort. Failures are never taken from
+        successes: the scheduler does not count a failed attempt that Dask retries, which
+        its worker's metrics do count.
         """
-        runs = self._workers.pop(worker, None)
-        if runs is None:
-            return []
         left: dict[tuple[str, bool], list[int]] = {}
         surplus = {False: 0, True: 0}
         for key in {*runs.finished, *runs.delivered}:
@@ -338,143 +389,3 @@ class MetricLedger:
             surplus[key[1]] -= taken
         return [LostRuns(label, failed, count, duration_ns / 1e9)
                 for (label, failed), (count, duration_ns) in left.items() if count > 0]
-
-    def forget(self, worker: str) -> None:
-        self._workers.pop(worker, None)
-
-
-class Deliveries:
-    """In a worker process: what its span exporter delivered, per worker, compute and prefix.
-
-    Fed from the exporter's thread (:meth:`count`, with each batch the collector took);
-    each worker takes its own rows (:meth:`take`) to report them. A task span counts one
-    task (a failed one apart: its status is ERROR), an aggregate its ``dask.task.count``;
-    other spans (transfer and spill phases, computes, recovered tasks) none.
-
-    >>> from types import SimpleNamespace as NS
-    >>> parent = NS(trace_id=0xAB, span_id=0xCD, trace_flags=1)
-    >>> on_w1 = {"dask.task.prefix": "inc", "dask.worker.id": "w1"}
-    >>> task = NS(parent=parent, start_time=0, end_time=5, attributes=on_w1)
-    >>> folded = NS(parent=parent, start_time=0, end_time=9, attributes={
-    ...     **on_w1, "dask.task.count": 4, "dask.task.duration.sum": 2.0})
-    >>> deliveries = Deliveries()
-    >>> deliveries.count([task, folded])
-    >>> deliveries.take("w2"), deliveries.take("w1") == [
-    ...     [f"00-{0xAB:032x}-{0xCD:016x}-01", "inc", 5, 2_000_000_005, False]]
-    ([], True)
-    """
-
-    def __init__(self) -> None:
-        import threading
-
-        self._lock = threading.Lock()
-        self._counts: dict[str, dict[tuple[str, str, bool], list[int]]] = {}
-
-    def count(self, spans: Any) -> None:
-        from opentelemetry.trace import StatusCode
-
-        counted: dict[tuple[str, str, str, bool], list[int]] = {}
-        for span in spans:
-            attributes = span.attributes or {}
-            prefix = attributes.get("dask.task.prefix")
-            worker = attributes.get("dask.worker.id")
-            parent = span.parent
-            if prefix is None or worker is None or parent is None or "dask.task.recovered" in attributes:
-                continue
-            tasks = attributes.get("dask.task.count", 1)
-            if "dask.task.duration.sum" in attributes:
-                duration_ns = int(attributes["dask.task.duration.sum"] * 1e9)
-            else:
-                duration_ns = (span.end_time or 0) - (span.start_time or 0)
-            traceparent = f"00-{parent.trace_id:032x}-{parent.span_id:016x}-{int(parent.trace_flags):02x}"
-            status = getattr(span, "status", None)
-            key = (worker, traceparent, prefix, getattr(status, "status_code", None) is StatusCode.ERROR)
-            row = counted.get(key)
-            if row is None:
-                row = counted[key] = [0, 0]
-            row[0] += tasks
-            row[1] += duration_ns
-        if not counted:
-            return
-        with self._lock:
-            for (worker, traceparent, prefix, failed), (tasks, duration_ns) in counted.items():
-                row = self._counts.setdefault(worker, {}).setdefault((traceparent, prefix, failed), [0, 0])
-                row[0] += tasks
-                row[1] += duration_ns
-
-    def take(self, worker: str) -> list[list[Any]]:
-        with self._lock:
-            counts = self._counts.pop(worker, {})
-        return [[traceparent, prefix, tasks, duration_ns, failed]
-                for (traceparent, prefix, failed), (tasks, duration_ns) in counts.items()]
-
-
-class MetricDeliveries:
-    """In a worker process: the cumulative ``dask.task.duration`` counts its metric exporter delivered.
-
-    Fed with each delivered export (:meth:`count`), delta temporality summed up;
-    :meth:`take` returns every label's totals when they changed since the last take.
-
-    >>> from types import SimpleNamespace as NS
-    >>> point = NS(attributes={"dask.task.prefix": "inc", "dask.task.outcome": "success"}, count=3, sum=0.25)
-    >>> metric = NS(name="dask.task.duration", data=NS(aggregation_temporality=2, data_points=[point]))
-    >>> data = NS(resource_metrics=[NS(scope_metrics=[NS(metrics=[metric])])])
-    >>> deliveries = MetricDeliveries()
-    >>> deliveries.count(data)
-    >>> deliveries.take(), deliveries.take()
-    ([['inc', False, 3, 250000000]], [])
-    """
-
-    def __init__(self) -> None:
-        import threading
-
-        self._lock = threading.Lock()
-        self._totals: dict[tuple[str, bool], list[int]] = {}
-        self._changed = False
-
-    def count(self, metrics_data: Any) -> None:
-        seen: dict[tuple[str, bool], list[int]] = {}
-        delta = False
-        for resource in metrics_data.resource_metrics:
-            for scope in resource.scope_metrics:
-                for metric in scope.metrics:
-                    if metric.name != "dask.task.duration":
-                        continue
-                    delta = int(getattr(metric.data, "aggregation_temporality", 2)) == 1  # DELTA
-                    for point in metric.data.data_points:
-                        attributes = point.attributes or {}
-                        key = (str(attributes.get("dask.task.prefix", OTHER_PREFIXES)),
-                               attributes.get("dask.task.outcome") == "error")
-                        row = seen.setdefault(key, [0, 0])
-                        row[0] += int(point.count)
-                        row[1] += int(point.sum * 1e9)
-        if not seen:
-            return
-        with self._lock:
-            for key, (count, duration_ns) in seen.items():
-                total = self._totals.setdefault(key, [0, 0])
-                if delta:
-                    total[0] += count
-                    total[1] += duration_ns
-                elif total != [count, duration_ns]:
-                    total[0], total[1] = count, duration_ns
-                else:
-                    continue
-                self._changed = True
-
-    def totals(self) -> dict[tuple[str, bool], tuple[int, int]]:
-        with self._lock:
-            return {key: (count, duration_ns) for key, (count, duration_ns) in self._totals.items()}
-
-    def take(self, *, since: dict[tuple[str, bool], tuple[int, int]] | None = None) -> list[list[Any]]:
-        """Every label's totals if they changed, less ``since``: :meth:`totals` when a worker's
-        telemetry began (the process's SDK counts from the process's start; a scheduler's
-        ledger, from the telemetry's)."""
-        base = since or {}
-        with self._lock:
-            if not self._changed:
-                return []
-            self._changed = False
-            return [[label, failed, count - base.get((label, failed), (0, 0))[0],
-                     duration_ns - base.get((label, failed), (0, 0))[1]]
-                    for (label, failed), (count, duration_ns) in self._totals.items()]

@@ -3,9 +3,10 @@
 A process runs one worker (``dask worker``) or several (an in-process cluster), each
 with its :class:`.task_spans.WorkerTelemetry`, kept in :class:`_ProcessTelemetry`.
 
-* **Delivery accounts** (:mod:`.ledger`): the process's span processor and metric
-  exporter call back as the collector takes each batch (:func:`_count_deliveries`), and
-  each worker that keeps accounts reports its share to the scheduler at once.
+* **Delivery accounts** (:mod:`.deliveries`, for the scheduler's :mod:`.ledger`): the
+  process's span processor and metric exporter call back as the collector takes each
+  batch (:func:`_count_deliveries`), and each worker that keeps accounts reports its
+  share to the scheduler at once.
 * **SIGTERM** (:func:`_deliver_on_sigterm`): a worker process of its own delivers what
   it recorded before it ends, as it would have ended.
 * **Its SDK** (:func:`process_providers`): for a scheduler or worker process otel_graph
@@ -26,7 +27,8 @@ from typing import Any
 
 from opentelemetry.metrics import Observation
 
-from otel_graph.cluster import adapter, ledger
+from otel_graph.cluster import adapter
+from otel_graph.cluster.deliveries import Deliveries, MetricDeliveries
 from otel_graph.config import exit_timeout
 
 logger = logging.getLogger("otel_graph")
@@ -39,10 +41,10 @@ class _ProcessTelemetry:
     by_worker: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
     nested: Any = None  # (tracker, capture) tracing computes that tasks here start
     #: What the process's span exporter delivered, per worker, until reported.
-    deliveries = ledger.Deliveries()
+    deliveries = Deliveries()
     #: The task counts the process's metric exporter delivered (one worker's, with accounts);
     #: counted only where otel_graph's exporter pushes them (not to a Prometheus scrape).
-    metric_deliveries = ledger.MetricDeliveries()
+    metric_deliveries = MetricDeliveries()
     counts_points = False
     #: Telemetry that reports deliveries, by worker address: kept while it closes too,
     #: since its last spans are delivered then.
@@ -234,8 +236,8 @@ def process_providers(settings: Any, resource_attributes: dict[str, Any]) -> Any
     """
     from dataclasses import replace
 
-    from otel_graph.telemetry.process_state import providers_for
     from otel_graph.export.sdk import PortInUse
+    from otel_graph.telemetry.process_state import providers_for
 
     try:
         return providers_for(settings, resource_attributes=resource_attributes)

@@ -192,8 +192,8 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
         Again when a client joins: in a process instrumented anew while its cluster lived
         (an in-process cluster), the plugin in place reports through the new providers.
         """
-        from otel_graph.config import load_settings
         from otel_graph.cluster.process import process_providers
+        from otel_graph.config import load_settings
         from otel_graph.telemetry.process_state import SCOPE, ensure_exit_hook, live_providers
 
         providers = live_providers()

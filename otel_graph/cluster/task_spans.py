@@ -40,8 +40,10 @@ from otel_graph.cluster import adapter
 from otel_graph.cluster.process import _count_deliveries, _next_session, _ProcessTelemetry
 from otel_graph.cluster.propagation import awaiting_notes, budget_of, parent_span, take_note, traceparent_of
 from otel_graph.naming import task_prefix
+from otel_graph.telemetry.attributes import aggregate_attributes, key_text, run_attributes
+from otel_graph.telemetry.function_names import function_names
+from otel_graph.telemetry.passes import Passes
 from otel_graph.telemetry.policy import Aggregate, SpanPlan
-from otel_graph.telemetry.spans import aggregate_attributes, function_names, key_text, run_attributes
 
 logger = logging.getLogger("otel_graph")
 
@@ -117,20 +119,16 @@ class WorkerTelemetry:
         self._pending: list[adapter.TaskRun] = []
         self._unnoted: list[adapter.TaskRun] = []  # runs waiting for a late note (_with_late_notes)
         self._traces: OrderedDict[str, _Trace] = OrderedDict()
-        self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)
-        self._requested = self._completed = 0
-        self._kicked = False  # woken before its interval: many runs are waiting
-        self._stopping = False
+        self._wake = threading.Condition(threading.Lock())
         self.record_errors = 0
         self.tasks_aggregated = 0
         self._closing = False
         self._closed = threading.Event()  # close() has turned every record into telemetry
         self.claimed = True  # False between a plugin's removal and its replacement's setup
-        interval = min(settings.drain_interval_s, _WORKER_DRAIN_S)
-        self._interval = interval
-        self._thread = threading.Thread(target=self._run, name="otel-graph-worker", daemon=True)
-        self._thread.start()
+        # Kicked once _DRAIN_AT runs wait; asked by a flush, which settles every compute.
+        self._passes = Passes(self._pass, wake=self._wake, interval_s=min(settings.drain_interval_s, _WORKER_DRAIN_S),
+                              name="otel-graph-worker", rest=True)
+        self._passes.start()
         #: Reports what its exporter delivered to the scheduler's ledger (:mod:`.ledger`). A
         #: report is an event on a topic of its own: a scheduler without otel_graph's plugin
         #: keeps its last few like any event, and reads none. A worker in an instrumented
@@ -165,8 +163,7 @@ class WorkerTelemetry:
         pending.append(run)
         if len(pending) == _DRAIN_AT:
             with self._wake:  # held only briefly by the drain thread, never across a drain
-                self._kicked = True
-                self._wake.notify_all()
+                self._passes.kick()
 
     def report_deliveries(self, *, closing: bool = False) -> bool:
         """Tell the scheduler what this worker's exporter delivered since the last report.
@@ -205,14 +202,9 @@ class WorkerTelemetry:
         """Turn everything recorded into telemetry, settle every compute, export; True if all went."""
         deadline = time.monotonic() + timeout_s
         with self._wake:
-            self._requested += 1
-            target = self._requested
-            self._wake.notify_all()
-            while self._completed < target and self._thread.is_alive():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._wake.wait(min(left, 0.5))
+            # A thread that is gone (closed) has nothing left to drain: the export still goes.
+            if self._passes.wait(self._passes.request(), deadline=deadline) is False:
+                return False
         owned = self._providers.owned
         if owned is None or not export:
             return True
@@ -236,35 +228,25 @@ class WorkerTelemetry:
             owned.flush(max(0.1, deadline - time.monotonic()))
         self.report_deliveries(closing=True)
         with self._wake:
-            self._stopping = True
-            self._wake.notify_all()
+            self._passes.stop()
         self._closed.set()
 
     # -- the thread -----------------------------------------------------------------------
-    def _run(self) -> None:
-        while True:
-            with self._wake:
-                if self._requested == self._completed and not self._stopping and not self._kicked:
-                    self._wake.wait(self._interval)
-                if self._stopping:
-                    return
-                target, self._kicked = self._requested, False
-            settle_all = target != self._completed
-            try:
-                self._drain(settle_all=settle_all)
-            except Exception:
-                logger.debug("otel_graph: worker telemetry drain failed", exc_info=True)
-            with self._wake:
-                self._completed = target
-                self._wake.notify_all()
+    def _pass(self, *, full: bool, asked: bool) -> None:
+        """A pass of the thread (:class:`~otel_graph.telemetry.passes.Passes`): every pass drains
+        all that waits; one a flush asked for settles every compute too."""
+        try:
+            self._drain(settle_all=asked)
+        except Exception:
+            logger.debug("otel_graph: worker telemetry drain failed", exc_info=True)
 
     def _follow_live(self) -> None:
         """In-process: use the live instrumentation's providers.
 
         With none live, ``uninstrument()`` is under way: it closes this telemetry next
         (``close_in_process``), and what was recorded goes out through the providers it
-        was recorded under, which it flushes last. (Dropping it here, as once, lost a
-        compute's task spans when a drain fell between the two.)
+        was recorded under, which it flushes last: dropped here, a compute's task spans
+        would be lost whenever a drain fell between the two.
         """
         from otel_graph.telemetry.process_state import live_providers
 

@@ -1,4 +1,4 @@
-"""Delivery without silent loss: a span processor that never drops quietly, and metric counting.
+"""Delivery without silent loss: a span processor that never drops quietly.
 
 The SDK's ``BatchSpanProcessor`` drops spans when its queue (2,048) fills (it warns, once
 a span, and counts them in its own metrics), and a batch its exporter failed is gone:
@@ -8,27 +8,25 @@ the collector does. :class:`ReliableSpanProcessor` instead:
 
 * queues every ended span, up to ``max_queued`` (``OTEL_GRAPH_MAX_QUEUED_SPANS``);
   only past that bound does it drop, oldest first, and it counts what it drops. The
-  bound is one of memory: a span held costs about :data:`SPAN_BYTES`, and a span whose
-  exception text is larger (a failed task's stack trace) weighs one more per
-  :data:`SPAN_BYTES` of it, so a storm of failures behind a dead collector cannot hold
-  gigabytes where plain spans would hold the budget's worth;
+  bound is one of memory: each span weighs what it holds (:mod:`.span_batches`), so
+  a storm of failed tasks' stack traces counts for more than plain spans;
 * exports from one thread in batches; a failed batch goes back to the head of the
-  queue and is retried with exponential backoff (capped at 5 s), so data is delivered
-  when a collector that was down comes back; a span the exporter raises on is found
-  by halving its batch, and given up on alone, counted, rather than blocking the queue;
-  after a failure the next batch is half the size (doubling back on success), so a
-  batch too large for the collector is not retried whole forever;
+  queue and is retried with exponential backoff (capped at :data:`MAX_BACKOFF_S`), so
+  data is delivered when a collector that was down comes back; a span the exporter
+  raises on is found by halving its batch, and given up on alone, counted, rather than
+  blocking the queue; after a failure the next batch is half the size (doubling back
+  on success), so a batch too large for the collector is not retried whole forever;
 * with otel_graph's fast exporters, encodes each span once and cuts a batch into
   requests under :data:`MAX_REQUEST_BYTES`, and takes larger batches (up to
   :data:`CATCH_UP_BATCH`) while the queue is backed up;
 * never blocks the caller of ``on_end``: a slow or hung collector only grows the queue;
-* :meth:`deliver_remaining` is what runs at exit: it keeps exporting while the
-  collector makes progress and gives up after ``timeout_s`` without progress,
-  counting what is left as undelivered.
+* :meth:`~ReliableSpanProcessor.deliver_remaining` is what runs at exit: it keeps
+  exporting while the collector makes progress and gives up after ``timeout_s`` without
+  progress, counting what is left as undelivered.
 
-:class:`CountingMetricExporter` wraps a metric exporter to count the data points it
-delivered and failed to deliver. Both feed :func:`otel_graph.telemetry.metrics.observe_delivery`
-and the one warning printed when anything was not delivered.
+Its counts (``exported``, ``dropped``, ``undelivered``), with the metric points'
+(:mod:`.metric_counting`), feed :func:`otel_graph.telemetry.metrics.observe_delivery` and
+the one warning printed when anything was not delivered.
 """
 
 from __future__ import annotations
@@ -39,23 +37,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from itertools import islice, repeat, starmap
-from operator import itemgetter
 from typing import Any
 
-from opentelemetry.sdk.metrics import Histogram as HistogramInstrument
-from opentelemetry.sdk.metrics.export import (
-    AggregationTemporality,
-    MetricExporter,
-    MetricExportResult,
-    MetricsData,
-)
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_graph.config import DEFAULT_EXIT_TIMEOUT_S
 from otel_graph.export.forks import forked_child_drops, stands_down
-from otel_graph.export.histograms import HistogramSet
+from otel_graph.export.span_batches import SPAN_BYTES, Queued, encoded_weight, span_weight, take_any, take_encoded
 
 logger = logging.getLogger("otel_graph")
 
@@ -67,9 +56,6 @@ EXIT_FIRST_RETRY_S = 0.1
 #: An export out this long is held by the collector (hung), not just slow: exports take
 #: milliseconds, and a hung collector holds one to its timeout (10 s by default).
 STUCK_AFTER_S = 1.0
-#: Event text (exception messages and stack traces) per export request at most, well
-#: under gRPC's and the collector's 4 MB default request limit.
-MAX_EVENT_BYTES = 2_500_000
 #: A batch's size at most when the queue is backed up (two default batches or more).
 #: Each export pays a fixed cost in waits for the GIL: the gRPC call gives it up a dozen
 #: times, and a busy main thread then holds it for up to 5 ms each time (~80 ms a request
@@ -80,77 +66,11 @@ CATCH_UP_BATCH = 4096
 #: (which encode each span once, before the batch is cut): half the collector's 4 MB
 #: default. A 512-span batch of long keys with 32 dependencies each would pass 4 MB.
 MAX_REQUEST_BYTES = 2_000_000
-#: Memory one queued task span holds, measured (tracemalloc, 50,000 spans of a 10^5-task
-#: graph queued behind a collector that was down): 2.5 kB. The queue's unit of weight.
-SPAN_BYTES = 2_500
-
-
-#: What the span queue holds: a ReadableSpan, or a span encoded as it ended, (its
-#: ``ScopeSpans.spans`` entry, its origin: :func:`otel_graph.export.otlp_fast.origin`).
-Queued = ReadableSpan | tuple[bytes, int]
-
-
-def _event_text_bytes(span: ReadableSpan) -> int:
-    return sum(len(value) for event in span.events for value in (event.attributes or {}).values()
-               if isinstance(value, str))
-
-
-def _weight(span: Queued) -> int:
-    if type(span) is tuple:  # encoded as it ended (otlp_fast.span_entry): its bytes are what it holds
-        return 1 + len(span[0]) // SPAN_BYTES
-    # Only spans with events are measured: they are rare (failed tasks), and measuring
-    # every span would cost the export path on the hot side of a 10^6-task graph.
-    return 1 + _event_text_bytes(span) // SPAN_BYTES if span.events else 1
 
 
 def _takes_encoded_chunks(exporter: SpanExporter) -> bool:
     internals = sys.modules.get("otel_graph.export.sdk_internals")  # not loaded: not one of its exporters
     return internals is not None and internals.takes_encoded_chunks(exporter)
-
-
-_entry_of = itemgetter(0)
-
-
-def _take_encoded(queue: deque[Queued], count: int) -> list[Queued] | None:
-    """The first ``count`` spans of ``queue``, taken off it, when every one is encoded as it ended
-    (the usual batch where the exporter takes encoded chunks); else None, the queue untouched.
-
-    Its loops run in C (``islice``, ``map``, ``starmap``): the export thread holds the GIL here,
-    which a compute running meanwhile waits for (512 spans: 18 against the loop's 37 µs).
-    """
-    if not count or set(map(type, islice(queue, count))) != {tuple}:
-        return None
-    return list(starmap(queue.popleft, repeat((), count)))
-
-
-def _encoded_weight(spans: Sequence[Any]) -> int:
-    """:func:`_weight` summed over spans encoded as they ended, by loops that run in C where no
-    entry reaches SPAN_BYTES (the usual case: only a failed task's exception text does)."""
-    if not spans or max(map(len, map(_entry_of, spans))) < SPAN_BYTES:
-        return len(spans)
-    return sum(map(_weight, spans))
-
-
-def _take_any(queue: deque[Queued], count: int) -> tuple[list[Queued], int]:
-    """At most ``count`` spans taken off ``queue``, and their weight (:func:`_weight`'s, summed)."""
-    batch: list[Queued] = []
-    event_bytes = 0
-    # Failed tasks carry exception events of up to ~20 kB; 512 of them would pass the
-    # collector's 4 MB request limit. Only spans with events are measured (cheap), and
-    # the batch is closed before their text passes MAX_EVENT_BYTES.
-    weight = 0
-    for _ in range(count):
-        span = queue[0]
-        if type(span) is tuple:  # encoded: chunks are cut by their encoded size (_weight's, inline)
-            weight += len(span[0]) // SPAN_BYTES
-        elif span.events:
-            size = _event_text_bytes(span)
-            if batch and event_bytes + size > MAX_EVENT_BYTES:
-                break
-            event_bytes += size
-            weight += size // SPAN_BYTES
-        batch.append(queue.popleft())
-    return batch, weight + len(batch)
 
 
 class ReliableSpanProcessor(SpanProcessor):
@@ -217,7 +137,7 @@ class ReliableSpanProcessor(SpanProcessor):
         return None
 
     def on_end(self, span: ReadableSpan) -> None:
-        self._enqueue((span,), _weight(span))
+        self._enqueue((span,), span_weight(span))
 
     @property
     def on_delivered(self) -> Callable[[list[ReadableSpan]], None] | None:
@@ -232,11 +152,11 @@ class ReliableSpanProcessor(SpanProcessor):
 
     def on_end_encoded(self, span: tuple[bytes, int]) -> None:
         """A span encoded as it ended: ``(its entry, its origin)`` (:func:`otlp_fast.origin`)."""
-        self._enqueue((span,), _weight(span))
+        self._enqueue((span,), span_weight(span))
 
     def on_end_encoded_many(self, spans: list[tuple[bytes, int]]) -> None:
         """Spans encoded as they ended, queued together (one lock round trip)."""
-        self._enqueue(spans, _encoded_weight(spans))
+        self._enqueue(spans, encoded_weight(spans))
 
     def _enqueue(self, spans: Sequence[Queued], weight: int) -> None:
         with self._lock:  # so a span cannot slip in after deliver_remaining has counted the queue
@@ -362,7 +282,7 @@ class ReliableSpanProcessor(SpanProcessor):
     def _drop_oldest(self) -> None:
         with self._cond:
             while self._weight > self._max_queued and self._queue:
-                self._weight -= _weight(self._queue.popleft())
+                self._weight -= span_weight(self._queue.popleft())
                 self.dropped += 1
                 self.undelivered += 1
         if not self._warned:
@@ -378,11 +298,11 @@ class ReliableSpanProcessor(SpanProcessor):
             limit = CATCH_UP_BATCH
         count = min(len(queue), limit)
         # Not while delivered spans are read back (takes_encoded is off): then they come readable.
-        batch = _take_encoded(queue, count) if self.takes_encoded else None
+        batch = take_encoded(queue, count) if self.takes_encoded else None
         if batch is not None:
-            weight = _encoded_weight(batch)
+            weight = encoded_weight(batch)
         else:
-            batch, weight = _take_any(queue, count)
+            batch, weight = take_any(queue, count)
         self._inflight_weight = weight
         self._inflight = len(batch)
         self._inflight_since = time.monotonic()
@@ -433,7 +353,7 @@ class ReliableSpanProcessor(SpanProcessor):
                     self.undelivered += unexportable
                     if retry:
                         self._queue.extendleft(reversed(retry))
-                        self._weight += sum(_weight(span) for span in retry)
+                        self._weight += sum(span_weight(span) for span in retry)
                         full = self._weight > self._max_queued
                         backoff = min(max(backoff * 2, 0.25), MAX_BACKOFF_S)
                         self._batch_limit = max(1, min(sent, self._max_batch) // 2)  # a catch-up batch too
@@ -505,126 +425,3 @@ class ReliableSpanProcessor(SpanProcessor):
             logger.warning("otel_graph: exporting spans failed (the exporter reported failure); keeping "
                            "them queued and retrying")
         return False
-
-
-class CountingMetricExporter(MetricExporter):
-    """Counts data points exported and not delivered; delegates everything else."""
-
-    def __init__(self, inner: MetricExporter, *, histograms: HistogramSet | None = None) -> None:
-        from otel_graph.export.sdk_internals import preferences
-
-        temporality, aggregation = preferences(inner)
-        super().__init__(preferred_temporality=temporality, preferred_aggregation=aggregation)
-        # None from an exporter that states no preference (the SDK's console one): cumulative.
-        self._histogram_temporality = (temporality or {}).get(HistogramInstrument, AggregationTemporality.CUMULATIVE)
-        self._inner = inner
-        self._histograms = histograms
-        self.exported = 0
-        self.undelivered = 0
-        self.inflight = 0
-        self._try_began = 0.0
-        self._lock = threading.Lock()
-        self._given_up = False
-        self._hurried = False
-        #: Called with each export the collector took (a distributed worker reports its task
-        #: counts to the scheduler: :mod:`otel_graph.cluster.ledger`).
-        self.on_delivered: Callable[[MetricsData], None] | None = None
-        self._forked = False
-        stands_down(self)
-
-    def _after_fork_in_child(self) -> None:
-        # The SDK restarts its reader in the child; the exporter it calls is the parent's.
-        self._forked = True
-        self._lock = threading.Lock()
-        self.exported = self.undelivered = self.inflight = 0
-
-    @property
-    def stuck(self) -> bool:
-        """A try of an export has been out for over a second (a hung collector holds it)."""
-        return bool(self.inflight) and time.monotonic() - self._try_began > STUCK_AFTER_S
-
-    def hurry(self) -> None:
-        """At exit: no more sleeping between retries, and a failed export is tried once more at once.
-
-        The exporter's first try after an outage fails on the connection it had, which
-        it then replaces; without retry sleeps the final export would end on that
-        failure, with the collector back and a fresh connection ready.
-        """
-        from otel_graph.export.sdk_internals import stop_retry_waits
-
-        stop_retry_waits(self._inner)
-        self._hurried = True
-
-    def give_up(self) -> None:
-        """At exit: count an export still in flight as undelivered, now, and no export after.
-
-        The SDK reader's shutdown stops waiting for its export thread after its timeout
-        and returns; the export may still fail later, after the warning was printed, or
-        never end before the process does. Its points must be in the warning.
-        """
-        with self._lock:
-            if not self._given_up:
-                self._given_up = True
-                self.undelivered += self.inflight
-                self.inflight = 0
-
-    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
-               ) -> MetricExportResult:
-        if self._histograms is not None:
-            # A reader of deliveries (a worker's ledger) adds up each export's points: it gets them all.
-            metrics_data = self._histograms.merge_into(metrics_data, self._histogram_temporality, consumer=self,
-                                                       skip_unchanged=self.on_delivered is None)
-        points = _count_points(metrics_data)
-        with self._lock:
-            if self._forked:
-                self.undelivered += points
-                forked_child_drops("metrics")
-                return MetricExportResult.FAILURE
-            if self._given_up:
-                # Past exit's deadline, after the warning: the reader's final collection,
-                # held behind an export that hung. Not sent, and not counted: its series are
-                # those of the export counted in flight (cumulative, so the same totals and
-                # later), and a count after the warning would leave the warning short of it
-                # (bench_faults, hung collector: warned 33 points, counters said 49).
-                return MetricExportResult.FAILURE
-            self.inflight = points
-        result = self._export(metrics_data, timeout_millis, **kwargs)
-        if result != MetricExportResult.SUCCESS and self._hurried:
-            result = self._export(metrics_data, timeout_millis, **kwargs)
-        if result != MetricExportResult.SUCCESS and self._histograms is not None:
-            self._histograms.unsent(self)
-        with self._lock:
-            if self._given_up:  # counted by give_up() already, whatever became of it
-                return result
-            self.inflight = 0
-            if result == MetricExportResult.SUCCESS:
-                self.exported += points
-            else:
-                self.undelivered += points
-        if result == MetricExportResult.SUCCESS and self.on_delivered is not None:
-            try:
-                self.on_delivered(metrics_data)
-            except Exception:
-                logger.debug("otel_graph: counting delivered points failed", exc_info=True)
-        return result
-
-    def _export(self, metrics_data: MetricsData, timeout_millis: float, **kwargs: Any) -> MetricExportResult:
-        self._try_began = time.monotonic()
-        try:
-            return self._inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
-        except Exception:
-            logger.debug("otel_graph: metric exporter raised", exc_info=True)
-            return MetricExportResult.FAILURE
-
-    def force_flush(self, timeout_millis: float = 10_000) -> bool:
-        return self._inner.force_flush(timeout_millis=timeout_millis)
-
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        self._inner.shutdown(timeout_millis=timeout_millis, **kwargs)
-
-
-def _count_points(metrics_data: MetricsData) -> int:
-    return sum(len(metric.data.data_points)
-               for resource in metrics_data.resource_metrics
-               for scope in resource.scope_metrics
-               for metric in scope.metrics)

@@ -50,7 +50,8 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_graph.config import ConfigurationError, Settings
 from otel_graph.export.histograms import HistogramSet
-from otel_graph.export.pipeline import CountingMetricExporter, ReliableSpanProcessor
+from otel_graph.export.metric_counting import CountingMetricExporter
+from otel_graph.export.pipeline import ReliableSpanProcessor
 
 logger = logging.getLogger("otel_graph")
 

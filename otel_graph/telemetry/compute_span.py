@@ -50,8 +50,9 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status,
 from opentelemetry.trace.span import DEFAULT_TRACE_STATE as _NO_STATE
 from opentelemetry.trace.span import TraceState
 
+from otel_graph.telemetry.attributes import exception_event_attributes
+from otel_graph.telemetry.encoded_batch import UNSET_STATUS
 from otel_graph.telemetry.events import describe_exception
-from otel_graph.telemetry.spans import UNSET_STATUS, exception_event_attributes
 from otel_graph.telemetry.task_context import SPAN_KEY, current_context
 
 _getrandbits = random_module.getrandbits

@@ -1,304 +1,34 @@
-"""Task records -> spans: the attributes of a task span, and two ways to emit it.
+"""Finished spans -> the provider: two emitters, each returning the new span's context.
 
-A task span is named after the task prefix (``dask.utils.key_split``), never the key,
-so span names stay few: a key with no ``-`` is a prefix of its own, so past the
-process's first ``metrics.MAX_METRIC_PREFIXES`` prefixes, spans are named
-``(other prefixes)`` (``dask.task.prefix`` still says which). It carries:
-
-=============================  =====================================================
-``dask.task.key``              the key as a readable string
-``dask.task.prefix``           the prefix (also the span name)
-``dask.worker.id``             thread ident (sync, threads) or worker pid (processes)
-``thread.id``                  the thread that ran the task
-``dask.task.nbytes``           ``dask.sizeof`` of the result
-``dask.task.type``             the result's type name
-``dask.task.dependencies``     dependency keys, at most :data:`~otel_graph.naming.MAX_DEPENDENCIES`
-``dask.task.dependency_count`` all dependencies, even past that bound
-``dask.task.dependent_count``  tasks that consume this one's result
-``code.function.name``         the function; for fused tasks and ``toolz.compose`` the inner ones,
-                               innermost first, ``, ``-joined
-``error.type``                 failed tasks only, with an ``exception`` event and ERROR status
-=============================  =====================================================
-
-Emitters (each returns the new span's context, for children such as a task's phases):
+Telemetry hands every span it makes (a task's, an aggregate's, a phase's) to an emitter,
+with its name, times, parent and attributes (:mod:`otel_graph.telemetry.attributes`); the
+emitter returns the span's context, for children such as a task's phases.
 
 * :class:`ApiEmitter` goes through ``tracer.start_span``: any provider, including
   one the application configured, receives the spans the ordinary way.
 * :class:`DirectEmitter` builds the SDK's ``ReadableSpan`` itself and hands it to the
   provider's span processors. It is used only for providers otel_graph built, and
   costs a tenth of the API path, which is what makes a span per task affordable.
+  Where every processor takes encoded spans, it makes no ``ReadableSpan`` at all: the
+  span is encoded as it ends (:mod:`otel_graph.telemetry.encoded_batch`). It applies the
+  provider's span limits (``OTEL_*_LIMIT``) itself, as ``tracer.start_span`` would.
 """
 
 from __future__ import annotations
 
 import random
-import weakref
-from functools import lru_cache, partial
-from itertools import islice
-from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
-from dask._task_spec import NestedContainer, Task, _execute_subgraph, _identity_cast
-from dask.utils import funcname
 from opentelemetry import trace
-from opentelemetry.trace import SpanKind, Status, StatusCode, TraceFlags
-from toolz.functoolz import Compose
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from otel_graph.naming import INT64_MAX, MAX_DEPENDENCIES, MAX_KEY_CHARS, OTHER_PREFIXES, key_to_str, safe_text, task_prefix
+from otel_graph.telemetry.attributes import exception_event_attributes
+from otel_graph.telemetry.encoded_batch import UNSET_STATUS, EncodedBatch, SpanEncoding, encoded_entry
+from otel_graph.telemetry.events import ErrorInfo
 
-from otel_graph.telemetry.events import AT_END, AT_ERROR, AT_KEY, AT_NBYTES, AT_START, ErrorInfo, TaskEvent
-from otel_graph.telemetry.policy import Aggregate
-
-if TYPE_CHECKING:
-    from otel_graph.telemetry.metrics import Run
-
-MAX_FUNCTION_NAMES = 16
-#: Partials of partials looked through to name the function at the bottom.
-_MAX_PARTIALS = 32
-
-
-class _FunctionNames:
-    """The functions a graph node calls, innermost first: fused nodes hold several.
-
-    Fusion comes in two shapes: ``Task`` arguments that are themselves tasks (the
-    legacy ``dask.optimization.fuse``), and ``_execute_subgraph`` over an inner graph
-    (``fuse_linear_task_spec``). Both are walked; containers are looked through.
-    ``funcname`` is slow (it unwraps partials and curries), so names are cached per function.
-    """
-
-    def __init__(self) -> None:
-        self._names: dict[Any, str] = {}
-        #: id(callable) -> (a weak reference to it, its name): a graph's blocks share their
-        #: callables, so most lookups end here. Weak, so that no callable is kept alive.
-        self._seen: dict[int, tuple[Any, str]] = {}
-
-    def __call__(self, node: Any, *, known: dict[int, str] | None = None) -> str | None:
-        """``known``: names by callable id, for the nodes of one graph, which keeps them alive
-        meanwhile (its blocks share callables that the weak cache cannot hold: NumPy's).
-        Never raises: a node that cannot be walked (the walk reads user data: nested tasks,
-        containers) is named None, and its span says nothing of its code."""
-        if not isinstance(node, Task):
-            return None
-        names: list[str] = []
-        try:
-            self._visit(node, names, 0, known=known)
-        except Exception:
-            return None
-        return ", ".join(names) or None
-
-    def _name(self, func: Any, *, known: dict[int, str] | None) -> str:
-        # A partial is named by its function (_named): known by that one's identity, it is found
-        # in the cache, where a graph's partials, made anew each compute, never were. Bounded: a
-        # partial can be made its own function (its __setstate__ allows it).
-        given, unwrapped = func, 0
-        while type(func) is partial and unwrapped < _MAX_PARTIALS:
-            func, unwrapped = func.func, unwrapped + 1
-        if known is not None:
-            name = known.get(id(func))
-            if name is not None:
-                if given is not func:  # the partial too: _visit finds it without this call
-                    known[id(given)] = name
-                return name
-        seen = self._seen.get(id(func))
-        if seen is not None and seen[0]() is func:  # not another callable since given its id
-            name = seen[1]
-            if known is not None and given is not func:
-                known[id(given)] = name
-            return name
-        name = self._named(func)
-        if known is not None:
-            known[id(func)] = known[id(given)] = name
-        if type(func).__weakrefoffset__:  # a weak reference can be made to it
-            try:
-                ref = weakref.ref(func)
-            except TypeError:
-                return name
-            if len(self._seen) >= 10_000:
-                self._seen.clear()
-            self._seen[id(func)] = (ref, name)
-        return name
-
-    def _named(self, func: Any) -> str:
-        # Keyed by the code's identity as text, never by the callable: a bound method or a
-        # closure in the cache would keep the user's objects (a model, a dataset) alive. Partials
-        # are unwrapped already (_name).
-        module, qualname = getattr(func, "__module__", None), getattr(func, "__qualname__", None)
-        if not (isinstance(module, str) and isinstance(qualname, str)):
-            return safe_text(funcname(func))
-        key = (module, qualname, type(func))
-        name = self._names.get(key)
-        if name is None:
-            name = safe_text(funcname(func))
-            if len(self._names) < 10_000:
-                self._names[key] = name
-        return name
-
-    def _visit(self, value: Any, names: list[str], depth: int, *, known: dict[int, str] | None) -> None:
-        # Only tasks and containers can hold functions: other values are not visited at all
-        # (a call each cost an array reduction's spans a third of their making).
-        if len(names) >= MAX_FUNCTION_NAMES or depth > 32:
-            return
-        if isinstance(value, Task):
-            func, args = value.func, value.args
-            if func is _execute_subgraph and args and (type(args[0]) is dict or isinstance(args[0], Mapping)):
-                for inner in args[0].values():
-                    if isinstance(inner, _HOLDERS):
-                        self._visit(inner, names, depth + 1, known=known)
-                return
-            for arg in args:
-                if isinstance(arg, _HOLDERS):
-                    self._visit(arg, names, depth + 1, known=known)
-            if value.kwargs:
-                for arg in value.kwargs.values():
-                    if isinstance(arg, _HOLDERS):
-                        self._visit(arg, names, depth + 1, known=known)
-            # Containers (a List node, or the plain Task that builds one) are structure, not code.
-            # A plain Task is none: known without NestedContainer's isinstance, Python code (an ABC).
-            if (type(value) is Task or not isinstance(value, NestedContainer)) and func is not _identity_cast:
-                try:
-                    if type(func) is Compose:  # toolz.compose (Dask's reductions): the functions it chains
-                        for inner in (func.first, *func.funcs)[:MAX_FUNCTION_NAMES - len(names)]:
-                            names.append(self._name(inner, known=known))
-                    else:
-                        # A callable this graph named already (a block's, shared by its siblings):
-                        # _name's first look, without the call.
-                        name = None if known is None else known.get(id(func))
-                        names.append(self._name(func, known=known) if name is None else name)
-                except Exception:
-                    return
-        else:  # a list or a tuple
-            for item in value:
-                if isinstance(item, _HOLDERS):
-                    self._visit(item, names, depth + 1, known=known)
-
-
-#: What may hold a function to name: a task, or a container of them.
-_HOLDERS = (Task, list, tuple)
-
-
-function_names = _FunctionNames()
-
-
-@lru_cache(maxsize=4096)
-def _worker_id(worker: int | str) -> str:
-    return str(worker)
-
-
-# Distributed reports a result type's __qualname__, which may be set to any string, a
-# lone surrogate included; there are few distinct types.
-_type_text = lru_cache(maxsize=1024)(safe_text)
-
-# A key is rendered once as its own span's key and again in each dependent's list.
-_rendered = lru_cache(maxsize=1 << 14)(key_to_str)
-
-
-def key_text(key: Any) -> str:
-    """:func:`otel_graph.naming.key_to_str`, remembered; a short ASCII string is its own text,
-    with nothing remembered: most keys are, and many are seen once (a delayed call's)."""
-    if type(key) is str and len(key) <= MAX_KEY_CHARS and key.isascii():
-        return key
-    return _rendered(key)
-
-
-def run_attributes(ev: Any, prefix: str) -> dict[str, Any]:
-    """What every task span says of its run, on any scheduler: key, prefix, where, and its outcome."""
-    attributes: dict[str, Any] = {
-        "dask.task.key": key_text(ev.key),
-        "dask.task.prefix": prefix,
-        "dask.worker.id": _worker_id(ev.worker),
-        "thread.id": ev.thread,
-    }
-    if ev.error is None:
-        attributes["dask.task.type"] = _type_text(ev.type_name)
-        if 0 <= ev.nbytes <= INT64_MAX:
-            attributes["dask.task.nbytes"] = ev.nbytes
-    else:
-        attributes["error.type"] = ev.error.type_name
-    return attributes
-
-
-def dependency_keys(deps: Collection[Any]) -> tuple[str, ...]:
-    """``dask.task.dependencies``: the keys as text, sorted; past :data:`~otel_graph.naming.MAX_DEPENDENCIES`, a
-    bounded sample of them rather than 10^4 keys rendered per span."""
-    shown = deps if len(deps) <= MAX_DEPENDENCIES else islice(deps, MAX_DEPENDENCIES)
-    return tuple(sorted(map(key_text, shown)))
-
-
-#: What the graph and Dask's state say of a task, for its span: its dependencies (a collection
-#: of keys), how many tasks depend on it (None: no state to say), its functions' names.
-TaskFacts = tuple[Collection[Any], "int | None", "str | None"]
-
-
-def task_facts(key: Any, graph: Mapping | None, state: Mapping | None, *, keep: bool = False,
-               known: dict[int, str] | None = None) -> TaskFacts:
-    """The task's :data:`TaskFacts`. With ``keep``, in plain values, which keep neither the graph
-    nor Dask's state alive (its dependencies as a tuple, not Dask's own set). ``known``: a dict
-    shared by the calls for one graph's tasks, while it is alive (:class:`_FunctionNames`)."""
-    if state is None:
-        deps: Collection[Any] = ()
-        dependents = None
-    else:
-        deps = state["dependencies"].get(key, ())
-        dependents = len(state["dependents"].get(key, ()))
-        if keep:
-            deps = tuple(deps) if deps else ()
-    return deps, dependents, None if graph is None else function_names(graph.get(key), known=known)
-
-
-def task_attributes(ev: TaskEvent, prefix: str, graph: Mapping | None, state: Mapping | None) -> dict[str, Any]:
-    return attributes_of(ev, prefix, task_facts(ev.key, graph, state))
-
-
-def attributes_of(ev: TaskEvent, prefix: str, facts: TaskFacts) -> dict[str, Any]:
-    """:func:`task_attributes`, given the task's :data:`TaskFacts`."""
-    attributes = run_attributes(ev, prefix)
-    deps, dependents, functions = facts
-    if dependents is not None:
-        attributes["dask.task.dependency_count"] = len(deps)
-        attributes["dask.task.dependent_count"] = dependents
-        if deps:
-            attributes["dask.task.dependencies"] = dependency_keys(deps)
-    if functions:
-        attributes["code.function.name"] = functions
-    return attributes
-
-
-def aggregate_attributes(agg: Aggregate) -> dict[str, Any]:
-    return {
-        "dask.task.prefix": agg.prefix,
-        "dask.task.count": agg.count,
-        "dask.task.aggregate": True,
-        "dask.task.duration.sum": agg.duration_sum_ns / 1e9,
-        "dask.task.duration.min": agg.duration_min_ns / 1e9,
-        "dask.task.duration.max": agg.duration_max_ns / 1e9,
-        "dask.task.duration.mean": agg.duration_sum_ns / agg.count / 1e9,
-        "dask.task.nbytes": min(agg.nbytes, INT64_MAX),
-    }
-
-
-def recovered_attributes(*, prefix: str, count: int, duration_s: float, worker: str) -> dict[str, Any]:
-    """Tasks whose telemetry their worker took with it, as the scheduler counted them."""
-    return {
-        "dask.task.prefix": prefix,
-        "dask.task.count": count,
-        "dask.task.aggregate": True,
-        "dask.task.recovered": True,
-        "dask.task.duration.sum": duration_s,
-        "dask.task.duration.mean": duration_s / count,
-        "dask.worker.id": worker,
-    }
-
-
-def exception_event_attributes(error: ErrorInfo) -> dict[str, str]:
-    return {
-        "exception.type": error.type_name,
-        "exception.message": error.message,
-        "exception.stacktrace": error.stacktrace,
-    }
-
-
-#: The status of a span that did not fail; the encoders know it by identity.
-UNSET_STATUS = Status(StatusCode.UNSET)
+#: (key, value) pairs the encoder of spans as they end remembers, at most (about 1 MB).
+_MEMO_PAIRS = 4096
 
 
 def _status(error: ErrorInfo | None) -> Status:
@@ -407,7 +137,7 @@ class DirectEmitter:
                                                                      for p in current))
         return checked[1]
 
-    def _encoder(self) -> tuple[Any, _Encoding] | None:
+    def _encoder(self) -> tuple[Any, SpanEncoding] | None:
         """(processors, what encodes for them) while every processor takes encoded spans, else None.
         Asked per span (a cluster's ledger may start reading delivered spans), answered from
         the last answer while the provider's processors are the same, and its memo not too
@@ -422,7 +152,7 @@ class DirectEmitter:
         if current is not known:
             parts = None
             if current and all(getattr(p, "takes_encoded", False) for p in current):
-                parts = _Encoding(self._resource, self._scope)
+                parts = SpanEncoding(self._resource, self._scope)
             self._encoding = (current, parts)
         if parts is None:
             return None
@@ -431,13 +161,13 @@ class DirectEmitter:
                 return None
         return current, parts
 
-    def encoding(self) -> tuple[Any, _Encoding] | None:
+    def encoding(self) -> tuple[Any, SpanEncoding] | None:
         """Where spans are encoded as they end: (the processors now, what encodes for them), for
         :meth:`encoded_batch`; None where they are not, or where a span limit bites. (Where none
         bites, the instance's own ``encoding`` is :meth:`_encoder` itself: a call fewer.)"""
         return None if self._limits is not None else self._encoder()
 
-    def encoded_batch(self, encoding: tuple[Any, _Encoding] | None = None) -> EncodedBatch | None:
+    def encoded_batch(self, encoding: tuple[Any, SpanEncoding] | None = None) -> EncodedBatch | None:
         """Somewhere to encode spans as they end (:meth:`EncodedBatch.add_tasks`, :meth:`EncodedBatch.add_task`,
         :meth:`EncodedBatch.add`), to queue them together (:meth:`EncodedBatch.queue`) to the processors
         of ``encoding`` (an earlier :meth:`encoding`'s, taken as it is; None: now's, and None where
@@ -473,7 +203,7 @@ class DirectEmitter:
             encoding = self._encoder()
             if encoding is not None:
                 processors, parts = encoding
-                encoded = _encoded(parts, name, context, parent, start_ns, end_ns, attributes, events, status)
+                encoded = encoded_entry(parts, name, context, parent, start_ns, end_ns, attributes, events, status)
                 if encoded is not None:
                     self._queue_encoded(processors, encoded)
                     return
@@ -482,135 +212,6 @@ class DirectEmitter:
             attributes=attributes, events=events, kind=SpanKind.INTERNAL, status=status,
             start_time=start_ns, end_time=end_ns, instrumentation_scope=self._scope,
         ))
-
-
-#: (key, value) pairs the encoder of spans as they end remembers, at most (about 1 MB).
-_MEMO_PAIRS = 4096
-
-
-class EncodedBatch(list):  # type: ignore[type-arg]
-    """Spans encoded as they ended, ``(entry, origin)``, for the processors it was made for
-    (:meth:`DirectEmitter.encoded_batch`): :meth:`queue` hands them over with one lock round trip each."""
-
-    __slots__ = ("emitter", "processors", "parts")
-
-    emitter: DirectEmitter
-    processors: Any
-    parts: _Encoding
-
-    def add(self, name: str, context: Any, parent: Any, start_ns: int, end_ns: int, attributes: dict[str, Any],
-            events: tuple[Any, ...], status: Status) -> None:
-        """A finished span, as :meth:`DirectEmitter.hand_over` takes it, encoded into this batch
-        (or, where it cannot be encoded, handed over on its own). No span limit applies: a
-        batch is only made where none bites (:meth:`DirectEmitter.encoded_batch`)."""
-        encoded = _encoded(self.parts, name, context, parent, start_ns, end_ns, attributes, events, status)
-        if encoded is None:
-            if type(context) is tuple:  # a set-aside root's context, as a plain tuple of its fields
-                context = span_context_of(context)
-            self.emitter.hand_over(name=name, context=context, parent=parent, start_ns=start_ns, end_ns=end_ns,
-                                   attributes=attributes, events=events, status=status)
-        else:
-            self.append(encoded)
-
-    def add_tasks(self, parent: Any, tasks: Sequence[tuple[tuple[Any, ...], TaskFacts]],
-                  label: Callable[[str], str | None], scheduler: str, encode: Callable[..., bytes]
-                  ) -> tuple[list[Run], list[tuple[TaskEvent, str]]]:
-        """Task records (TaskEvent's fields), each with its :data:`TaskFacts`,
-        as task spans, children of the span whose context is ``parent`` (a SpanContext, or a tuple
-        of its first five fields), in one pass:
-        the tasks' runs, for :meth:`otel_graph.telemetry.metrics.TaskMetrics.record_runs`, and the tasks
-        left out, ``(event, prefix)``.
-
-        Each task is labelled ``label(prefix)`` (:meth:`~otel_graph.telemetry.metrics.TaskMetrics.label`),
-        in order, failed ones too, and its span named by the label. One that succeeded is added
-        as :meth:`add_task` adds it, its attributes ``encode(ev, prefix, facts, memo)``
-        (:meth:`otel_graph.telemetry.task_encoding.TaskAttributeEncoder.encode`). Left out, for :meth:`DirectEmitter.emit` to make: failed
-        tasks (their spans carry an exception event), and those whose attributes raised (the
-        generic path logs the attribute and leaves it out)."""
-        parts = self.parts
-        memo, child_entry, origin = parts.memo, parts.child_entry, parts.origin
-        span_id, make, append = self.emitter._random.getrandbits, TaskEvent._make, self.append
-        runs: list[Run] = []
-        left: list[tuple[TaskEvent, str]] = []
-        # A record is read by position (events.AT_*), made a TaskEvent only if left out.
-        for task, facts in tasks:
-            prefix = task_prefix(task[AT_KEY])
-            labelled = label(prefix)
-            failed = task[AT_ERROR] is not None
-            start, end = task[AT_START], task[AT_END]
-            runs.append((labelled, scheduler, failed, end - start, task[AT_NBYTES]))
-            if failed:
-                left.append((make(task), prefix))
-                continue
-            try:  # add_task's body, inlined: a call a task cost a small compute's spans a tenth more
-                entry = child_entry(parent, span_id(64) or 1, OTHER_PREFIXES if labelled is None else prefix,
-                                    start, end, encode(task, prefix, facts, memo), memo)
-            except Exception:  # noqa: BLE001 - made the generic way, which says what it left out
-                left.append((make(task), prefix))
-                continue
-            append((entry, origin))
-        return runs, left
-
-    def add_task(self, parent: trace.Span, ev: TaskEvent, prefix: str, name: str, encode: Callable[..., bytes],
-                 graph: Any, state: Any) -> bool:
-        """The span of a task that succeeded, a child of ``parent`` named ``name`` (status UNSET,
-        no events), encoded into this batch, its attributes ``encode(ev, prefix, graph, state,
-        memo)`` (:class:`otel_graph.telemetry.task_encoding.TaskAttributeEncoder`): no attribute dict, no
-        span context, no ``ReadableSpan``. False, having added nothing, for a failed task or
-        attributes that raised: :meth:`DirectEmitter.emit` then makes it."""
-        if ev.error is not None:
-            return False
-        parts = self.parts
-        memo = parts.memo
-        try:
-            entry = parts.child_entry(self.emitter._context_of(parent), self.emitter._random.getrandbits(64) or 1,
-                                      name, ev.start_ns, ev.end_ns, encode(ev, prefix, graph, state, memo), memo)
-        except Exception:  # noqa: BLE001 - made the generic way, which says what it left out
-            return False
-        self.append((entry, parts.origin))
-        return True
-
-    def queue(self) -> None:
-        if self:
-            try:
-                for processor in self.processors:
-                    processor.on_end_encoded_many(self)
-            finally:  # refused, they are counted once (by the caller), never queued again
-                self.clear()
-
-
-def span_context_of(fields: tuple[Any, ...]) -> trace.SpanContext:
-    """The SpanContext of a plain tuple of its first five fields (a set-aside root's context:
-    :meth:`otel_graph.telemetry.compute_span.ComputeSpan.end_aside`)."""
-    trace_id, span_id, remote, flags, state = fields
-    return trace.SpanContext(trace_id, span_id, remote, TraceFlags(flags), state)
-
-
-def _encoded(parts: _Encoding, name: str, context: Any, parent: Any, start_ns: int, end_ns: int,
-             attributes: dict[str, Any], events: tuple[Any, ...], status: Status) -> tuple[bytes, int] | None:
-    """A finished INTERNAL span encoded as it is queued, ``(entry, origin)``; None where it cannot
-    be encoded: as a ReadableSpan, the exporter then refuses it alone."""
-    try:
-        if status is UNSET_STATUS and not events:
-            return parts.simple_entry(context, parent, name, start_ns, end_ns, attributes, parts.memo), parts.origin
-        return parts.span_entry(context, parent, name, SpanKind.INTERNAL, start_ns, end_ns, attributes, events, (),
-                                status, parts.memo), parts.origin
-    except Exception:  # noqa: BLE001
-        return None
-
-
-class _Encoding:
-    """What encodes spans as they end, for one set of processors: the encoders, their memo,
-    and the number of the spans' (resource, scope)."""
-
-    __slots__ = ("span_entry", "simple_entry", "child_entry", "memo", "origin")
-
-    def __init__(self, resource: Any, scope: Any) -> None:
-        from otel_graph.export.otlp_fast import child_entry, new_memo, origin, simple_entry, span_entry
-
-        self.span_entry, self.simple_entry, self.child_entry = span_entry, simple_entry, child_entry
-        self.memo = new_memo()
-        self.origin = origin(resource, scope)
 
 
 #: More than any span otel_graph makes carries: limits at or above it change nothing.

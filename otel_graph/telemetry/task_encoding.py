@@ -1,7 +1,7 @@
 """A successful task's span attributes, encoded straight from its record.
 
-:func:`otel_graph.telemetry.spans.task_attributes` builds a dict per task span, which the encoder
-then walks pair by pair (:mod:`otel_graph.export.otlp_fast`). Where spans are encoded as they
+:func:`otel_graph.telemetry.attributes.task_attributes` builds a dict per task span, which the encoder
+then walks pair by pair (:mod:`otel_graph.export.otlp_wire`). Where spans are encoded as they
 end, :class:`TaskAttributeEncoder` writes the same attributes as OTLP bytes without the
 dict, reusing whole the runs of fields that repeat from span to span:
 
@@ -22,11 +22,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from otel_graph.export.otlp_spans import encoded_attribute, encoded_attributes, keyed_string
+from otel_graph.export.otlp_wire import attribute_head
 from otel_graph.naming import INT64_MAX, MAX_DEPENDENCIES
-
+from otel_graph.telemetry.attributes import TaskFacts, _type_text, _worker_id, dependency_keys, key_text, task_facts
 from otel_graph.telemetry.events import AT_KEY, AT_NBYTES, AT_THREAD, AT_TYPE, AT_WORKER
-from otel_graph.export.otlp_fast import attribute_head, encoded_attribute, encoded_attributes, keyed_string
-from otel_graph.telemetry.spans import TaskFacts, _type_text, _worker_id, dependency_keys, key_text, task_facts
 
 #: Entries each cache keeps at most; past it, it starts again empty.
 _CACHE_ENTRIES = 4096

@@ -1,0 +1,256 @@
+"""A worker's internals: the run of a task it just finished, its spill, its stream to the scheduler.
+
+Read from the worker plugin (:mod:`otel_graph.cluster.worker`) and what it starts, on the
+worker's event loop or the thread that runs a task. What is read, as of distributed 2026.8:
+
+* ``WorkerPlugin.transition`` gets only ``(key, start, finish)``; the task's record is
+  ``worker.state.tasks[key]``: ``startstops``, ``nbytes``, ``type``, ``annotations``,
+  ``dependencies``/``dependents``, ``exception``/``traceback_text``, ``run_spec``;
+  the thread that ran it is ``worker.state.threads[key]``.
+* ``compute`` and ``transfer`` start/stops are on the *scheduler's* clock (the
+  worker adds ``worker.scheduler_delay``); ``disk-read``/``disk-write`` are on the
+  worker's own. :func:`task_run` puts them all back on the worker's clock.
+* transfers are logged with their bytes in ``worker.transfer_incoming_log``; spilling is
+  counted in ``worker.digests_total``.
+* the worker's stream to the scheduler is ``worker.batched_stream`` (a ``BatchedSend``:
+  ``comm`` while connected, ``close()`` sends what it holds first); ``worker.batched_send``
+  drops a message while it is not connected. What otel_graph says on it rides in a
+  ``keep-alive`` message, which every scheduler takes and ignores
+  (:func:`say_to_scheduler`; the scheduler's side: :func:`.scheduler.read_worker_says`).
+* the task running on a thread: ``distributed.worker.thread_state.key`` and ``get_worker()``.
+
+:func:`task_run` runs once per task: it reads plain values and builds one flat record,
+nothing more.
+"""
+
+from __future__ import annotations
+
+import threading
+from itertools import islice
+from typing import Any, NamedTuple
+
+from otel_graph.naming import MAX_DEPENDENCIES, safe_text
+from otel_graph.telemetry.events import ErrorInfo, describe_exception
+
+#: Entries of a worker's transfer log searched, newest first, for the transfer that fetched a
+#: dependency: it is recent when its task's phases are read.
+_TRANSFER_LOOKBACK = 64
+
+
+class Phase(NamedTuple):
+    """A non-compute part of a task's run: fetching its inputs, or spilling."""
+
+    action: str  # transfer | disk-read | disk-write
+    start_ns: int
+    end_ns: int
+    source: str | None  # the worker a transfer came from
+    nbytes: int | None
+
+
+class TaskRun(NamedTuple):
+    """What a worker knows about one finished run of a task, as plain values.
+
+    One flat record per run (TaskEvent's fields first, so the span budget and the task
+    metrics take it as it is): a worker may hold thousands between two drains.
+    """
+
+    key: Any
+    start_ns: int
+    end_ns: int
+    worker: str  # the worker's address
+    thread: int
+    nbytes: int
+    type_name: str
+    error: ErrorInfo | None
+    note: Any  # the compute's note (:mod:`otel_graph.cluster.propagation`); None for an untraced task
+    retries: int
+    phases: tuple[Phase, ...]
+    dependencies: tuple[Any, ...]
+    dependency_count: int
+    dependent_count: int
+    run_spec: Any  # None once `functions` has been read from it
+    functions: str | None = None
+    attempt: int = 1  # 1 + earlier failed runs of this key in its compute here; set by the worker
+
+
+def _ns(seconds: float) -> int:
+    return int(seconds * 1e9)
+
+
+def worker_identity(worker: Any) -> tuple[str, str]:
+    """(address, name) of a worker."""
+    name = getattr(worker, "name", None)  # often the integer 0: falsy, but a name
+    return safe_text(str(getattr(worker, "address", "") or "")), "" if name is None else safe_text(str(name))
+
+
+def task_run(worker: Any, key: Any, *, note: Any, address: str) -> TaskRun | None:
+    """Read a task that just left ``executing``; None if the worker no longer has it."""
+    ts = worker.state.tasks.get(key)
+    if ts is None:
+        return None
+    from distributed.metrics import time as worker_time  # the clock distributed stamps startstops with
+
+    now = worker_time()
+    delay = getattr(worker, "scheduler_delay", 0.0) or 0.0
+    start = end = None
+    # startstops is one list across retries of the task: keep the phases that led up to
+    # the last compute (since the one before it) and those after it (its disk-write).
+    leading: list[Phase] = []
+    since: list[Phase] = []
+    for entry in ts.startstops or ():
+        action = entry.get("action")
+        on_worker_clock = action in ("disk-read", "disk-write")
+        offset = 0.0 if on_worker_clock else delay
+        began, ended = entry["start"] - offset, entry["stop"] - offset
+        if action == "compute":
+            start, end = began, ended
+            leading, since = since, []
+        elif action in ("transfer", "disk-read", "disk-write"):
+            source = entry.get("source")
+            nbytes = _transfer_bytes(worker, entry) if action == "transfer" else None
+            since.append(Phase(action, _ns(began), _ns(ended), source, nbytes))
+    phases = leading + since
+    if start is None:
+        return None  # it never ran here (cancelled before executing)
+    # The worker stamped the compute with the scheduler_delay of when it began; a heartbeat may
+    # have changed it since. Read as ending after now, it ended that much earlier: else its
+    # span could end after the compute that waited for it (the client's root of a persist).
+    excess = end - now
+    if excess > 0:
+        start, end, shift = start - excess, end - excess, _ns(excess)
+        phases = [p if p.action in ("disk-read", "disk-write") else
+                  p._replace(start_ns=p.start_ns - shift, end_ns=p.end_ns - shift) for p in phases]
+    annotations = ts.annotations or {}
+    dependencies = ts.dependencies
+    return TaskRun(
+        key=key, start_ns=_ns(start), end_ns=_ns(end), worker=address,
+        thread=int(worker.state.threads.get(key, 0) or 0),
+        nbytes=int(ts.nbytes) if ts.nbytes is not None else -1,
+        type_name=_type_name(ts.type),
+        error=_error(ts) if ts.state == "error" else None,
+        note=note,
+        retries=int(annotations.get("retries") or 0),
+        phases=tuple(phases),
+        dependencies=tuple(dep.key for dep in islice(dependencies, MAX_DEPENDENCIES)),
+        dependency_count=len(dependencies),
+        dependent_count=len(ts.dependents),
+        run_spec=ts.run_spec,
+    )
+
+
+def _type_name(kind: Any) -> str:
+    if kind is None:
+        return ""
+    return getattr(kind, "__qualname__", None) or str(kind)
+
+
+def _error(ts: Any) -> ErrorInfo:
+    exception = getattr(ts.exception, "data", ts.exception)
+    if isinstance(exception, (bytes, bytearray, memoryview)):
+        # The worker keeps the exception pickled (distributed.core.error_message); it made
+        # these bytes itself from the task's own exception and checked that they load.
+        try:
+            import pickle
+
+            exception = pickle.loads(exception)
+        except Exception:
+            exception = None
+    if isinstance(exception, BaseException):
+        # The core's naming and bounds; the stack is the worker's text (this copy has none).
+        described = describe_exception(exception)
+        type_name, message = described.type_name, described.message
+    else:
+        text = ts.exception_text or ""
+        type_name, message = text.split("(", 1)[0] or "Exception", text
+    stack = ts.traceback_text or ""
+    return ErrorInfo(type_name, message, f"{stack}{type_name}: {message}")
+
+
+def _transfer_bytes(worker: Any, entry: dict) -> int | None:
+    log = getattr(worker, "transfer_incoming_log", None)
+    if not log:
+        return None
+    # The log holds the same (scheduler-clock) start; the transfer is recent, so look back a little.
+    for record in islice(reversed(log), _TRANSFER_LOOKBACK):
+        if record.get("start") == entry["start"] and record.get("who") == entry.get("source"):
+            return int(record.get("total", 0))
+    return None
+
+
+def spill_totals(worker: Any) -> dict[tuple[str, str], float]:
+    """Spilling since the worker started: {(disk-write|disk-read, bytes|count|seconds): total}.
+
+    From ``worker.digests_total``, whose keys end in ``(..., activity, unit)``; summed
+    over what caused it (executing a task, gathering dependencies, ...).
+    """
+    totals: dict[tuple[str, str], float] = {}
+    for key, value in dict(worker.digests_total).items():
+        if isinstance(key, tuple) and len(key) >= 2 and key[-2] in ("disk-write", "disk-read"):
+            pair = (key[-2], key[-1])
+            totals[pair] = totals.get(pair, 0.0) + float(value)
+    return totals
+
+
+def current_task(*, default: Any = None) -> tuple[Any, Any] | Any:
+    """(worker, key) of the task running on this thread, when called from inside a task."""
+    try:
+        from distributed.worker import get_worker, thread_state
+
+        key = getattr(thread_state, "key", None)
+        return (get_worker(), key) if key is not None else default
+    except Exception:
+        return default
+
+
+def task_count(worker: Any) -> int:
+    return len(worker.state.tasks)
+
+
+def held_keys(worker: Any) -> Any:
+    """The keys of the tasks a worker holds (a live view: test membership, do not keep)."""
+    return worker.state.tasks
+
+
+def is_closing(worker: Any) -> bool:
+    """True while a worker shuts down (not when a plugin is merely replaced or removed)."""
+    status = getattr(getattr(worker, "status", None), "name", "")
+    return status in ("closing", "closed", "closing_gracefully", "failed")
+
+
+def stream_open(worker: Any) -> bool:
+    """Whether the worker's stream to the scheduler is up (``Worker.batched_send`` drops
+    messages silently while it is not)."""
+    comm = getattr(getattr(worker, "batched_stream", None), "comm", None)
+    return comm is not None and not comm.closed()
+
+
+def scheduler_connection(worker: Any) -> Any:
+    """The connection under the worker's stream to its scheduler (a new one at every
+    reconnect); None while there is none."""
+    return getattr(getattr(worker, "batched_stream", None), "comm", None)
+
+
+#: The keyword a worker's ``keep-alive`` message carries otel_graph's payload in.
+WORKER_SAYS = "otel_graph"
+
+
+def say_to_scheduler(worker: Any, payload: Any) -> None:
+    """Send ``payload`` to the worker's scheduler, from any thread, in order with the
+    worker's own messages (as ``Worker.log_event`` does), as a ``keep-alive`` message
+    (``{"op": "keep-alive", "otel_graph": payload}``): every scheduler handles that op,
+    and ignores what it carries unless otel_graph's plugin reads it
+    (:func:`.scheduler.read_worker_says`). Dropped while the worker is not connected."""
+    message = {"op": "keep-alive", WORKER_SAYS: payload}
+    if getattr(worker, "thread_id", None) == threading.get_ident():
+        worker.batched_send(message)
+    else:
+        worker.loop.add_callback(worker.batched_send, message)
+
+
+def close_stream(worker: Any, *, timeout_s: float) -> Any:
+    """An awaitable that sends what the worker's stream to the scheduler holds, then closes
+    it (``BatchedSend.close``); None when there is no stream."""
+    stream = getattr(worker, "batched_stream", None)
+    if stream is None or getattr(stream, "comm", None) is None:
+        return None
+    return stream.close(timeout=timeout_s)
