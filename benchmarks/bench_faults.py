@@ -414,14 +414,15 @@ def print_table(results: list[dict[str, Any]], *, when: str) -> None:
     print(f"\nbench_faults, {when}; medians of {results[0]['runs']} runs. ratio: compute / plain's compute "
           "in the same round; cpu: the process's CPU time in the compute, over plain's; +hooks: compute + "
           "atexit hooks (delivery) over plain's; to exit: compute + exit over plain's; exit = hooks + teardown (s)")
-    print(f"{'workload':<11}{'scenario':<10}{'compute s':>10}{'ratio':>7}{'cpu':>6}{'+hooks':>7}{'to exit':>8}{'exit s med/max':>15}"
-          f"{'hooks':>7}{'tear':>6}  {'warned':>6} {'undelivered sp/pt/unbuilt':>25} {'received sp/pt':>14}"
-          f"  {'all sent':<8} bars")
+    print(f"{'workload':<11}{'scenario':<10}{'compute s':>10}{'ratio':>7}{'cpu':>6}{'+hooks':>7}{'to exit':>8}"
+          f"{'exit s med/max':>15}{'hooks':>7}{'tear':>6}  {'warned':>6} {'undelivered sp/pt/unbuilt':>25}"
+          f" {'received sp/pt':>14}  {'all sent':<8} bars")
     ok = {True: "ok", False: "FAIL"}
     for r in results:
         exits = f"{r['exit_s_median']:.2f}/{r['exit_s_max']:.2f}"
         line = (f"{r['workload']:<11}{r['scenario']:<10}{r['compute_s']:>10.3f}{r['compute_ratio']:>7.3f}"
-                f"{r['compute_cpu_ratio']:>6.2f}{r['delivered_ratio']:>7.3f}{r['to_exit_ratio']:>8.3f}{exits:>15}{r['hooks_s_median']:>7.2f}{r['teardown_s_median']:>6.2f}  ")
+                f"{r['compute_cpu_ratio']:>6.2f}{r['delivered_ratio']:>7.3f}{r['to_exit_ratio']:>8.3f}{exits:>15}"
+                f"{r['hooks_s_median']:>7.2f}{r['teardown_s_median']:>6.2f}  ")
         if r["scenario"] == "plain":
             line += f"{'':>6} {'':>25} {'':>14}  {'':<8} "
         else:

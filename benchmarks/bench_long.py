@@ -27,6 +27,7 @@ import json
 import subprocess
 import sys
 import time
+from itertools import pairwise
 from pathlib import Path
 from statistics import median
 
@@ -102,7 +103,7 @@ def run(*, minutes: float) -> dict:
     lags = [(arrived[s["span_id"]] - s["end_ns"]) / 1e9 for s in naps]
     (root,) = [s for s in spans if s["name"] == "dask.compute"]
     before_end = [t for t in progress_arrivals if t < ended]
-    gaps = [(b - a) / 1e9 for a, b in zip(before_end, before_end[1:])]
+    gaps = [(b - a) / 1e9 for a, b in pairwise(before_end)]
     return {
         "minutes": minutes, "tasks": tasks + 1, "compute_s": (ended - started) / 1e9,
         "task_spans": len(naps), "aggregated": sum(s["attributes"].get("dask.task.count", 0)

@@ -221,7 +221,7 @@ def main() -> None:
         lambda: own_processes(args.tasks, repeat=args.repeat, bar=1.25),
     ]
     names = ["sync-100k", "sync-100k-unlimited", "threads-2k", "sync-100k-own-processes"]
-    rows = [run() for name, run in zip(names, workloads) if not args.only or args.only in name]
+    rows = [run() for name, run in zip(names, workloads, strict=True) if not args.only or args.only in name]
     for row in rows:
         extra = f"  spans {row['spans_delivered']}/{row['spans_expected']}" if "spans_delivered" in row else ""
         print(f"{row['workload']:<22} base {row['baseline_s']:.3f}s  with otel_graph {row['instrumented_s']:.3f}s"

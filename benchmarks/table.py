@@ -18,7 +18,8 @@ def table(rows: list[dict]) -> str:
     lines = ["| workload | bar | with otel_graph / without | within | notes |", "|---|---|---|---|---|"]
     for row in rows:
         within = "yes" if row["ratio"] <= row["bar"] else "**no**"
-        lines.append(f"| {row['workload']} | ≤ {row['bar']:.2f}× | {row['ratio']:.3f}× | {within} | {row.get('detail', '')} |")
+        detail = row.get("detail", "")
+        lines.append(f"| {row['workload']} | ≤ {row['bar']:.2f}× | {row['ratio']:.3f}× | {within} | {detail} |")
     return "\n".join(lines)
 
 

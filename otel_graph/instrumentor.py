@@ -17,14 +17,15 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
+# mypy 2.4 finds no names in this module (it has them, and a py.typed): read as Any.
+from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 
 from otel_graph.instrumentation import Instrumentation, instrument_scheduler
 
 _instruments = ("dask >= 2025.1",)
 
 
-class DaskInstrumentor(BaseInstrumentor):  # type: ignore[misc]
+class DaskInstrumentor(BaseInstrumentor):
     _handle: Instrumentation | None = None
 
     def instrumentation_dependencies(self) -> Collection[str]:

@@ -234,7 +234,7 @@ class CollectorExposition:
         name = family.name
         if kind == HISTOGRAM:
             running = 0
-            for bound, count in zip(list(point.explicit_bounds) + [float("inf")], point.bucket_counts):
+            for bound, count in zip([*point.explicit_bounds, float("inf")], point.bucket_counts, strict=True):
                 running += count
                 family.add_sample(f"{name}_bucket", {**labels, "le": floatToGoString(bound)}, float(running))
             family.add_sample(f"{name}_sum", labels, point.sum)

@@ -46,8 +46,8 @@ class PrometheusServer:
             raise RuntimeError("prometheus is not installed (make test installs Debian's package as root)")
         self._dir = Path(tempfile.mkdtemp(prefix="otel-graph-prometheus-"))
         self.port = free_port()
-        lines = ["global:", f"  scrape_interval: {scrape_interval_ms}ms", f"  evaluation_interval: {scrape_interval_ms}ms",
-                 "scrape_configs:"]
+        lines = ["global:", f"  scrape_interval: {scrape_interval_ms}ms",
+                 f"  evaluation_interval: {scrape_interval_ms}ms", "scrape_configs:"]
         for job, targets in jobs.items():
             lines += [f"  - job_name: {json.dumps(job)}", f"    honor_labels: {json.dumps(honor_labels)}",
                       "    static_configs:",

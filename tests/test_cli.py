@@ -12,10 +12,10 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
-from conftest import needs_distributed, subprocess_env
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import needs_distributed, subprocess_env
 from otel_graph.report.analysis import critical_path, group
 from otel_graph.report.otlp_read import TelemetryFile
 

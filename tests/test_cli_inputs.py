@@ -12,11 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import subprocess_env
-from test_cli import CLI, _hand_span, _otlp_line, cli
 
+from conftest import subprocess_env
 from otel_graph.report.analysis import critical_path, group
 from otel_graph.report.otlp_read import TelemetryFile
+from test_cli import CLI, _hand_span, _otlp_line, cli
 
 COMPUTE_ID = "00" * 8
 

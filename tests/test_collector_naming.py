@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 import pytest
+
 from collector_exporter import COUNTER, GAUGE, HISTOGRAM, NON_MONOTONIC, exporter_settings, label_name, metric_name
 from grafana_files import alert_rules, dashboard_queries
 

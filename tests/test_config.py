@@ -6,8 +6,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import subprocess_env
 
+from conftest import subprocess_env
 from otel_graph.config import ConfigurationError, check_sdk_environment, load_settings
 
 

@@ -198,7 +198,8 @@ def test_fine_performance_metrics_are_counters_by_span_prefix_and_activity(telem
     assert wait_until(lambda: span.cumulative_worker_metrics.get(key, 0) >= 0.35 and exported() > 0)
     assert wait_until(lambda: exported() == span.cumulative_worker_metrics[key])
     assert 0.35 <= exported() < 5
-    transfers = [p for p in telemetry.points("dask.activity.time") if p.attributes["dask.activity.context"] != "execute"]
+    transfers = [p for p in telemetry.points("dask.activity.time")
+                 if p.attributes["dask.activity.context"] != "execute"]
     assert all("dask.task.prefix" not in p.attributes for p in transfers)
 
 

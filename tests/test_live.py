@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+from itertools import pairwise
 from pathlib import Path
 
 import dask
@@ -12,6 +13,7 @@ import dask.multiprocessing
 import dask.threaded
 import pytest
 from opentelemetry.sdk.trace import SpanProcessor
+
 from otlp_receiver import OtlpReceiver
 from test_otlp_export import otlp_env
 
@@ -169,13 +171,14 @@ def test_a_running_jobs_trace_is_in_the_collector_before_its_root_span(scheduler
     assert not [s for s in running if s["name"] == "dask.compute"]
     assert len([s for s in running if s["name"] == "nap"]) == tasks
     (root,) = [s for s in receiver.spans() if s["name"] == "dask.compute"]
-    progress = sorted((s for s in receiver.spans() if s["name"] == "dask.compute.progress"), key=lambda s: s["start_ns"])
+    progress = sorted((s for s in receiver.spans() if s["name"] == "dask.compute.progress"),
+                      key=lambda s: s["start_ns"])
     # The running trace's spans are the ones the finished trace nests under its root.
     assert {s["parent_span_id"] for s in running} == {root["span_id"]}
     assert {s["trace_id"] for s in running} == {root["trace_id"]}
     # Progress spans tile the run from its start, and count what was done by then.
     assert progress[0]["start_ns"] == root["start_ns"]
-    assert all(a["end_ns"] == b["start_ns"] for a, b in zip(progress, progress[1:]))
+    assert all(a["end_ns"] == b["start_ns"] for a, b in pairwise(progress))
     assert progress[-1]["end_ns"] <= root["end_ns"]
     done = [s["attributes"]["dask.compute.tasks_done"] for s in progress]
     assert done == sorted(done) and done[-1] == tasks

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
 from collector_exporter import CollectorExposition
 from conftest import needs_distributed, subprocess_env
 from grafana_files import alert_rules, dashboard_queries, dashboards

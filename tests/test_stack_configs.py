@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from grafana_files import dashboards
 from prometheus_server import PROMTOOL
 
@@ -100,7 +101,8 @@ def test_grafana_has_no_default_password_and_no_anonymous_access():
         for text in strings(load(path)):
             expanded |= set(re.findall(r"(?<!\$)\$\{?([A-Z][A-Z0-9_]+)", text))
     assert "ALERT_EMAIL" in expanded
-    assert expanded <= set(environment), f"provisioning expands {expanded - set(environment)}, which compose does not set"
+    unset = expanded - set(environment)
+    assert not unset, f"provisioning expands {unset}, which compose does not set"
 
 
 def strings(node: Any) -> list[str]:
@@ -203,7 +205,8 @@ def test_every_service_reaches_the_others_where_they_listen():
     assert "--feature-gates=-spanmetrics.statusCodeConvention.useOtelPrefix" in found["otel-collector"]["command"]
     assert port_of(jaeger["extensions"]["jaeger_query"]["http"]["endpoint"]) in published["jaeger"]
     # Grafana's datasources point at the services, and its dashboards are mounted where the provider looks.
-    urls = {d["uid"]: d["url"] for d in load(GRAFANA / "provisioning" / "datasources" / "datasources.yaml")["datasources"]}
+    datasources = load(GRAFANA / "provisioning" / "datasources" / "datasources.yaml")["datasources"]
+    urls = {d["uid"]: d["url"] for d in datasources}
     assert urls == {"prometheus": "http://prometheus:9090", "jaeger": "http://jaeger:16686"}
     (provider,) = load(GRAFANA / "provisioning" / "dashboards" / "dashboards.yaml")["providers"]
     mounts = dict(v.rsplit(":", 1)[0].split(":", 1) for v in found["grafana"]["volumes"] if v.startswith("./"))

@@ -4,9 +4,8 @@ The one part of capture (:mod:`otel_graph.capture.local`) that Dask's processes 
 to its pool: each worker process unpickles :func:`run_remote` and imports this module to
 run its batches. Dask's processes scheduler starts a pool per compute (with ``spawn``, a
 fresh interpreter each time), so this module imports nothing but the standard library,
-Dask (loaded there already) and :mod:`otel_graph.telemetry.events`: no OpenTelemetry, which once
-cost each worker process 10-25 ms of imports, every compute (a 4-partition bag compute:
-155 -> 166 ms).
+Dask (loaded there already) and :mod:`otel_graph.telemetry.events`: no OpenTelemetry, whose
+imports would cost each worker process 10-25 ms, every compute.
 """
 
 from __future__ import annotations
@@ -44,13 +43,15 @@ def _sizeof() -> Callable[[Any], int]:
 _nbytes = _sizeof()
 
 
-def execute(key, task_info, dumps, loads, get_id, pack_exception, emit, parent):  # noqa: ANN001, ANN202
+def execute(key: Any, task_info: Any, dumps: Callable[[Any], Any], loads: Callable[[Any], Any],
+            get_id: Callable[[], Any], pack_exception: Callable[[BaseException, Any], Any],
+            emit: Callable[[tuple[Any, ...]], Any], parent: Any) -> tuple[Any, Any, bool]:
     """Dask's ``execute_task`` plus one event; hot path, so no allocation beyond the event.
 
     The event is a plain tuple of :class:`TaskEvent`'s fields, which the tracker makes one
     of. The garbage collector stops tracking a plain tuple of plain values at its first
-    pass, and a tuple subclass never: 10^5 events awaiting the tracker were traversed by
-    every full collection (measured: sync 10^5 no-op tasks 1.083x -> 1.028x, interleaved).
+    pass, and a tuple subclass never: every event awaiting the tracker would be traversed by
+    every full collection.
     ``parent.key`` names the running task to spans its code starts (otel_graph.telemetry.task_context).
     """
     start = _time_ns()
@@ -76,7 +77,11 @@ def execute(key, task_info, dumps, loads, get_id, pack_exception, emit, parent):
         return key, pack_exception(exc, dumps), True
 
 
-def run_remote(batch: list) -> Batch:
+#: What Dask's pool sends per task: key, task_info, dumps, loads, get_id, pack_exception.
+TaskArgs = tuple[Any, Any, Any, Any, Any, Any]
+
+
+def run_remote(batch: list[TaskArgs]) -> Batch:
     events: list[tuple[Any, ...]] = []  # TaskEvent's fields
     nobody = NoTask()  # another process: its spans have no parent here to join
     out = Batch(execute(*args, events.append, nobody) for args in batch)

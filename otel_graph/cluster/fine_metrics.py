@@ -51,9 +51,11 @@ logger = logging.getLogger("otel_graph")
 #: Task prefixes each instrument keeps apart per scheduler (times activities, about eight).
 MAX_PREFIXES = 200
 #: unit in distributed's key -> instrument.
-_INSTRUMENTS = {"seconds": ("dask.activity.time", "s", "Time workers spent, by activity (fine performance metrics)."),
-                "bytes": ("dask.activity.size", "By", "Bytes workers handled, by activity (fine performance metrics)."),
-                "count": ("dask.activity.count", "{event}", "Events workers counted, by activity (fine performance metrics).")}
+_INSTRUMENTS = {
+    "seconds": ("dask.activity.time", "s", "Time workers spent, by activity (fine performance metrics)."),
+    "bytes": ("dask.activity.size", "By", "Bytes workers handled, by activity (fine performance metrics)."),
+    "count": ("dask.activity.count", "{event}", "Events workers counted, by activity (fine performance metrics)."),
+}
 Key = tuple[str, ...]  # (span name, context, prefix or phase, activity)
 
 

@@ -28,7 +28,7 @@ import threading
 import time
 import weakref
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from otel_graph.cluster import adapter
@@ -65,7 +65,7 @@ def _bounded(work: Callable[[], Any], timeout_s: float, what: str) -> tuple[bool
     return _bounded_all([work], timeout_s, what)[0]
 
 
-def _bounded_all(works: list[Callable[[], Any]], timeout_s: float, what: str) -> list[tuple[bool, Any]]:
+def _bounded_all(works: Sequence[Callable[[], Any]], timeout_s: float, what: str) -> list[tuple[bool, Any]]:
     """:func:`_bounded` for several calls (one per client) side by side, within one ``timeout_s``
     in all: one after another, each with its own, made a stuck cluster cost it once per client."""
     outcomes: list[list[Any]] = [[] for _ in works]
@@ -77,7 +77,7 @@ def _bounded_all(works: list[Callable[[], Any]], timeout_s: float, what: str) ->
             outcome.append((False, exc))
 
     threads = [threading.Thread(target=run, args=(work, outcome), name=f"otel-graph-{what}", daemon=True)
-               for work, outcome in zip(works, outcomes)]
+               for work, outcome in zip(works, outcomes, strict=True)]
     for thread in threads:
         thread.start()
     deadline = time.monotonic() + timeout_s
@@ -300,7 +300,7 @@ class ClusterMembership:
         """Ask every attached cluster's workers to export what they have; True if all did in time."""
         # An asynchronous client's workers cannot be waited on from here; they export
         # every second and at teardown regardless.
-        asked = [lambda client=client: client.run(flush_worker, timeout_s=timeout_s) for client in self._waitable()]
+        asked = [functools.partial(client.run, flush_worker, timeout_s=timeout_s) for client in self._waitable()]
         return all(done and all(results.values()) for done, results in
                    _bounded_all(asked, timeout_s, "flushing the workers"))
 
@@ -314,7 +314,7 @@ class ClusterMembership:
 
         by_pid: dict[tuple[str, int], dict[str, int]] = {}
         aggregated = 0
-        asked = [lambda client=client: client.run(worker_delivery) for client in self._waitable()]
+        asked = [functools.partial(client.run, worker_delivery) for client in self._waitable()]
         for done, results in _bounded_all(asked, timeout_s, "reading the workers' delivery counters"):
             for address, answer in (results or {}).items() if done else ():
                 if answer is None:

@@ -37,10 +37,12 @@ from __future__ import annotations
 
 import logging
 from contextlib import ContextDecorator
-from typing import Any
+from contextvars import Token
+from typing import Any, cast
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.trace import Status, StatusCode
 
 logger = logging.getLogger("otel_graph")
@@ -67,7 +69,10 @@ def _current() -> tuple[tuple[str, ...], tuple[str, ...]]:
     if not isinstance(annotation, dict):
         return (), ()
     tags, ids = annotation.get("name"), annotation.get("ids")
-    if span_name(tags) is None or not isinstance(ids, (tuple, list)) or len(ids) != len(tags):
+    # span_name is None for anything but a non-empty tuple or list of strings; the isinstance
+    # says so to the type checker.
+    if (not isinstance(tags, (tuple, list)) or span_name(tags) is None or not isinstance(ids, (tuple, list))
+            or len(ids) != len(tags)):
         return (), ()
     return tuple(tags), tuple(str(i) for i in ids)
 
@@ -87,7 +92,7 @@ def span_attributes() -> dict[str, str]:
 
 def _open_depth(ids: tuple[str, ...]) -> int:
     """How many of the outermost of ``ids`` have their span open in this context."""
-    opened = otel_context.get_value(_OPEN_IDS) or ()
+    opened = cast("tuple[str, ...]", otel_context.get_value(_OPEN_IDS) or ())
     depth = 0
     while depth < min(len(opened), len(ids)) and opened[depth] == ids[depth]:
         depth += 1
@@ -138,7 +143,7 @@ class _Traced(ContextDecorator):
         self._inner = inner
         self._tracer = tracer
         self._levels = levels  # span("a", "b") opens two nested spans
-        self._opened: list[tuple[trace.Span, object]] = []
+        self._opened: list[tuple[trace.Span, Token[Context]]] = []
 
     def _recreate_cm(self) -> _Traced:
         return _Traced(self._inner._recreate_cm(), self._tracer, self._levels)
@@ -193,7 +198,7 @@ class SpanCapture:
     def install(self) -> None:
         import importlib
 
-        modules = [importlib.import_module(name) for name in _PLACES]
+        modules: list[Any] = [importlib.import_module(name) for name in _PLACES]
         original = getattr(modules[0], "span", None)
         if not callable(original):
             return  # a distributed without spans

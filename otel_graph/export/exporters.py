@@ -152,7 +152,8 @@ def _own_metrics(name: str, settings: Settings) -> Any:
 
         from otel_graph.export.sdk_internals import GRPC_CHANNEL_OPTIONS
 
-        return OTLPMetricExporter(channel_options=GRPC_CHANNEL_OPTIONS)
+        # The SDK annotates a single string-valued option; gRPC takes any number, of any type.
+        return OTLPMetricExporter(channel_options=GRPC_CHANNEL_OPTIONS)  # type: ignore[arg-type]
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetricExporter
 
     from otel_graph.export.http_session import certificate_session

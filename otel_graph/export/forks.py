@@ -5,8 +5,8 @@ Linux): the child's copy of a gRPC channel or of an HTTP connection pool shares 
 parent's sockets (gRPC without its fork support can hang in the child), the child's
 copies of the queues hold the parent's spans, which the parent delivers, and the threads
 that would drain them did not come along. Left as they were, a forked child that ran
-computes kept every compute's record, graph included, and exported nothing (1 GB after
-3,000 small computes), then spent seconds at exit on the parent's copies.
+computes would keep every compute's record, graph included, and export nothing, then
+spend seconds at exit on the parent's copies.
 
 So each part made before the fork (:func:`stands_down` registers it) is told, in the
 child, that it was forked (``_after_fork_in_child``; no lock is taken there: one may have

@@ -26,7 +26,7 @@ from __future__ import annotations
 import threading
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,13 +135,13 @@ class HistogramSet:
             exported = self._exported.setdefault(consumer, {})
             sent = self._sent.setdefault(consumer, {}) if skip else None
             for histogram in self._histograms:
-                series_now = histogram.series.items()
+                series_now: Iterable[tuple[tuple[tuple[str, str], ...], _Series]] = histogram.series.items()
                 if sent is not None:
                     series_now = [(attrs, series) for attrs, series in series_now
                                   if _due(sent, (histogram.name, attrs), series.count, now, resend_before)]
-                points = [self._point(histogram.name, attrs, series, histogram.bounds, now, delta, last, exported)
-                          for attrs, series in series_now]
-                points = [p for p in points if p is not None]
+                made = (self._point(histogram.name, attrs, series, histogram.bounds, now, delta, last, exported)
+                        for attrs, series in series_now)
+                points = [p for p in made if p is not None]
                 if points:
                     out.append(Metric(name=histogram.name, description=histogram.description,
                                       unit=histogram.unit,
@@ -161,7 +161,7 @@ class HistogramSet:
             if previous is not None:
                 count -= previous[0]
                 total -= previous[1]
-                buckets = [a - b for a, b in zip(buckets, previous[2])]
+                buckets = [a - b for a, b in zip(buckets, previous[2], strict=True)]
             if count == 0:
                 return None
             start = last

@@ -136,6 +136,7 @@ def _span_or_mapped(span: ReadableSpan) -> dict[str, Any]:
 
 def _span(span: ReadableSpan) -> dict[str, Any]:
     context, parent = span.get_span_context(), span.parent
+    assert context is not None  # every span the SDK made has one; the type allows None
     out: dict[str, Any] = {"traceId": f"{_unsigned(context.trace_id, 128):032x}",
                            "spanId": f"{_unsigned(context.span_id, 64):016x}"}
     if context.trace_state:

@@ -10,14 +10,14 @@ path instead, and says so once (:func:`_changed`), never exporting wrongly:
 private part                                 what otel_graph does with it                 without it
 ===========================================  ===========================================  ==========================
 ``TracerProvider._active_span_processor``    hands finished task spans to the processors  spans through
-                                             (:class:`otel_graph.telemetry.spans.DirectEmitter`)     ``Tracer.start_span``
+                                             (``telemetry.spans.DirectEmitter``)          ``Tracer.start_span``
 its ``_span_processors``                     tells otel_graph's processors from others    the tracker's thread
                                              (small computes drained inline)              drains every compute
 ``Tracer._is_enabled``                       a disabled tracer's computes take            (none: no configurator,
-                                             ``start_span`` (otel_graph.telemetry.compute_span)     every tracer enabled)
+                                             ``start_span`` (``telemetry.compute_span``)  every tracer enabled)
 ``ParentBased``'s delegates (``_root``...)   the default sampler's decision for a         the sampler is asked
                                              compute's root span, without asking it
-gRPC ``OTLPSpanExporter._translate_data``    encodes with :mod:`otel_graph.export.otlp_fast`     the stock encoder
+gRPC ``OTLPSpanExporter._translate_data``    encodes with ``export.otlp_fast``            the stock encoder
 its ``_stub``, ``_client``, ``_channel``     sends those bytes unparsed                   parsed, then sent
 HTTP ``OTLPSpanExporter._shutdown``,         sends the fast encoding's bytes              the stock exporter
 ``_metrics``, ``_max_request_size``,         (:class:`_FastHttpSpanExporter`)
@@ -40,6 +40,7 @@ import inspect
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from types import ModuleType
 from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
@@ -115,7 +116,8 @@ def follows_parent(sampler: Any) -> bool:
     if type(sampler) is not ParentBased:
         return False
     delegates = [getattr(sampler, name, None) for name in _DEFAULT_DELEGATES]
-    return all(a is b for a, b in zip(delegates, (ALWAYS_ON, ALWAYS_ON, ALWAYS_OFF, ALWAYS_ON, ALWAYS_OFF)))
+    defaults = (ALWAYS_ON, ALWAYS_ON, ALWAYS_OFF, ALWAYS_ON, ALWAYS_OFF)
+    return all(a is b for a, b in zip(delegates, defaults, strict=True))
 
 
 # -- metric exporters -----------------------------------------------------------------------
@@ -217,11 +219,12 @@ def fast_span_exporter(exporter: SpanExporter) -> SpanExporter:
         else:
             _changed("the gRPC OTLPSpanExporter's _translate_data", "spans are encoded by the stock encoder (slower)")
     elif kind is _stock_class("http"):
+        _common: ModuleType | None
         try:
             from opentelemetry.exporter.otlp.proto.http import _common
         except ImportError:
             _common = None
-        client = getattr(exporter, "_client", None)
+        client: Any = getattr(exporter, "_client", None)
         if _common is not None and all(hasattr(exporter, part) for part in _HTTP_PARTS) \
                 and callable(getattr(_common, "_is_request_too_large", None)) \
                 and _takes(_common._is_request_too_large, b"", 0) \
@@ -237,8 +240,8 @@ def fast_span_exporter(exporter: SpanExporter) -> SpanExporter:
 #: that state through the global subchannel pool: the exporter's own remaking of its
 #: channel then fails at once, "failed to connect", for a minute after the collector is
 #: back. A pool of the channel's own, and backoff capped at 1 s, make a collector that
-#: returns reachable within a second (found by tests/test_otlp_export.py: a collector
-#: restarted on its port got every span at exit but, often, no metrics).
+#: returns reachable within a second: one restarted on its port gets the metrics at exit
+#: as well as the spans.
 GRPC_CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.use_local_subchannel_pool", 1),
     ("grpc.initial_reconnect_backoff_ms", 250),
@@ -255,7 +258,8 @@ def otlp_span_exporter(*, protocol: str) -> SpanExporter:
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 
-        return fast_span_exporter(GrpcExporter(channel_options=GRPC_CHANNEL_OPTIONS))
+        # The SDK annotates a single string-valued option; gRPC takes any number, of any type.
+        return fast_span_exporter(GrpcExporter(channel_options=GRPC_CHANNEL_OPTIONS))  # type: ignore[arg-type]
     if protocol == "http/protobuf":
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 
@@ -278,7 +282,7 @@ def stop_retry_waits(exporter: Any) -> None:
     (:data:`otel_graph.export.pipeline.EXIT_FIRST_RETRY_S`) keep them few.
     """
     stock = exporter._stock if isinstance(exporter, _FastHttpSpanExporter) else exporter
-    events = [event for event in (getattr(stock, "_shutdown_in_progress", None),  # gRPC
+    events: list[Any] = [event for event in (getattr(stock, "_shutdown_in_progress", None),  # gRPC
                                   getattr(getattr(stock, "_client", None), "_shutdown_event", None))  # HTTP
               if callable(getattr(event, "set", None))]
     for event in events:

@@ -48,7 +48,8 @@ def _bokeh() -> Any:
 def write_html(loaded: Any, path: Path) -> None:
     bokeh = _bokeh()
     from bokeh.layouts import column
-    from bokeh.models import ColumnDataSource, DataTable, Div, HoverTool, TableColumn
+    from bokeh.models import ColumnDataSource, FactorRange, HoverTool
+    from bokeh.models.widgets import DataTable, Div, TableColumn
     from bokeh.plotting import figure
 
     computes = loaded.computes
@@ -82,7 +83,7 @@ def write_html(loaded: Any, path: Path) -> None:
         data = {name: [] for name in ("left", "right", "lane", "prefix", "key", "duration", "nbytes", "colour",
                                       "line", "width")}
     stream = figure(title="Task stream (bars outlined in red: critical path of the longest compute)",
-                    y_range=lanes or ["-"], x_axis_label="seconds since the first compute started",
+                    y_range=FactorRange(factors=lanes or ["-"]), x_axis_label="seconds since the first compute started",
                     height=max(250, 22 * len(lanes) + 120), sizing_mode="stretch_width",
                     tools="xpan,xwheel_zoom,box_zoom,reset,save")
     stream.hbar(y="lane", left="left", right="right", height=0.8, fill_color="colour", line_color="line",

@@ -112,8 +112,8 @@ def _bytes(value: float) -> str:
 
 def _table(out: TextIO, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
     rows = [[_cell(cell) for cell in row] for row in rows]
-    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
-    line = "  ".join("{:<%d}" % w if i == 0 else "{:>%d}" % w for i, w in enumerate(widths))
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows, strict=True)]
+    line = "  ".join(f"{{:<{w}}}" if i == 0 else f"{{:>{w}}}" for i, w in enumerate(widths))
     out.write(line.format(*header) + "\n")
     for row in rows:
         out.write(line.format(*row) + "\n")
@@ -181,7 +181,8 @@ def _render_path(path: CriticalPath, out: TextIO) -> None:
     out.write(f"  {len(path.steps)} tasks; on the path {_seconds(path.on_path_ns / 1e9)} "
               f"({100 * share:.0f}% of wall), idle gaps {_seconds(path.gaps_ns / 1e9)}{unseen}\n")
     steps = path.steps
-    shown = steps if len(steps) <= PATH_STEPS_SHOWN else steps[: PATH_STEPS_SHOWN // 2] + [None] + steps[-(PATH_STEPS_SHOWN // 2):]
+    half = PATH_STEPS_SHOWN // 2
+    shown: list[Step | None] = [*steps] if len(steps) <= PATH_STEPS_SHOWN else [*steps[:half], None, *steps[-half:]]
     rows = []
     for step in shown:
         if step is None:

@@ -36,10 +36,9 @@ from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
-from otel_graph.naming import INT64_MAX, OTHER_PREFIXES
-
-from otel_graph.telemetry.events import TaskEvent
 from otel_graph.export.histograms import HistogramSet, PreAggregatedHistogram
+from otel_graph.naming import INT64_MAX, OTHER_PREFIXES
+from otel_graph.telemetry.events import TaskEvent
 
 DURATION_BUCKETS_S = (
     0.00001, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
@@ -55,6 +54,8 @@ _OVERFLOW = ("otel.metric.overflow", True)
 #: A task run as recorded, in plain values: (its prefix's label, or None for the overflow label;
 #: scheduler; failed; duration in ns; result bytes, or -1 unknown).
 Run = tuple[str | None, str, bool, int, int]
+#: Records values under one attribute set: a pre-aggregated histogram's, or an SDK instrument's.
+Record = Callable[[tuple[tuple[str, str], ...], Sequence[float]], None]
 
 logger = logging.getLogger("otel_graph")
 
@@ -73,6 +74,9 @@ class TaskMetrics:
         #: failed, duration in ns, nbytes) and (scheduler, failed, seconds), plain values.
         self._runs: list[Run] = []
         self._computes: list[tuple[str, bool, float]] = []
+        self._duration: Record
+        self._size: Record
+        self._compute: Record
         if histograms is not None:
             made = [histograms.add(PreAggregatedHistogram(name, unit, text, bounds))
                     for name, unit, text, bounds in specs]
@@ -84,10 +88,10 @@ class TaskMetrics:
             self._fold_at = FOLD_AT
             histograms.folds(self._fold)
         else:
-            made = [meter.create_histogram(name, unit=unit, description=text,
-                                           explicit_bucket_boundaries_advisory=bounds)
-                    for name, unit, text, bounds in specs]
-            self._duration, self._size, self._compute = (_api_record(h) for h in made)
+            instruments = [meter.create_histogram(name, unit=unit, description=text,
+                                                  explicit_bucket_boundaries_advisory=bounds)
+                           for name, unit, text, bounds in specs]
+            self._duration, self._size, self._compute = (_api_record(h) for h in instruments)
             self._lock = threading.Lock()
             self._fold_at = 1  # the SDK's instruments: recorded at once, as it collects on its own
         self._attributes: dict[tuple[str | None, str, bool], tuple[tuple[str, Any], ...]] = {}
@@ -99,7 +103,7 @@ class TaskMetrics:
     def record_tasks(self, events: Sequence[TaskEvent], prefixes: Sequence[str], scheduler: str) -> None:
         admitted = self._prefixes  # label()'s test, inline: a large compute's drain asks it per task
         self.record_runs([(prefix if prefix in admitted else self._admit(prefix), scheduler, ev.error is not None,
-                           ev.end_ns - ev.start_ns, ev.nbytes) for ev, prefix in zip(events, prefixes)])
+                           ev.end_ns - ev.start_ns, ev.nbytes) for ev, prefix in zip(events, prefixes, strict=True)])
 
     def record_runs(self, runs: list[Run]) -> None:
         """Task runs as :data:`Run` tuples, labelled by :meth:`label`, in the order their tasks were labelled."""
@@ -204,7 +208,7 @@ class TaskMetrics:
                 self._fold()
 
 
-def _api_record(instrument: Any) -> Callable[[tuple[tuple[str, str], ...], Sequence[float]], None]:
+def _api_record(instrument: Any) -> Record:
     cache: dict[tuple, dict[str, str]] = {}
 
     def record(attributes: tuple[tuple[str, str], ...], values: Sequence[float]) -> None:

@@ -39,7 +39,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from otel_graph.naming import fold_prefix
-
 from otel_graph.telemetry.events import TaskEvent
 
 #: Prefixes a compute (on a worker: its share there) gets aggregate spans of their own
@@ -112,7 +111,7 @@ class SpanPlan:
         """Route a batch of events: spans now, slow candidates to the heap, the rest folded."""
         folded: dict[str, list[TaskEvent]] = {}
         slowest, capacity, keep = self._slowest, self._slow_capacity, self._keep
-        for ev, prefix in zip(events, prefixes):
+        for ev, prefix in zip(events, prefixes, strict=True):
             if self._unlimited or ev.error is not None or (keep and ev.key in keep):
                 self._span(ev, prefix)
                 continue

@@ -30,9 +30,9 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_graph._version import __version__
 from otel_graph.config import Settings, exit_timeout
-from otel_graph.telemetry.metrics import TaskMetrics, observe_delivery, observe_memory
-from otel_graph.readings.guard import Switch
 from otel_graph.export.sdk import OwnedSdk, build_sdk
+from otel_graph.readings.guard import Switch
+from otel_graph.telemetry.metrics import TaskMetrics, observe_delivery, observe_memory
 from otel_graph.telemetry.spans import ApiEmitter, DirectEmitter
 
 logger = logging.getLogger("otel_graph")
@@ -178,8 +178,9 @@ def providers_for(settings: Settings, *, tracer_provider: Any = None, meter_prov
     """Pick (or build) the providers and make otel_graph's instruments on them.
 
     Shared by the handle (:class:`otel_graph.instrumentation.Instrumentation`) and the
-    dask.distributed scheduler and worker processes without one, which make the same choice: the caller's providers, else the application's global SDK ones,
-    else ours built from the environment.
+    dask.distributed scheduler and worker processes without one, which make the same choice:
+    the caller's providers, else the application's global SDK ones, else ours built from the
+    environment.
     """
     owned: OwnedSdk | None = None
     if tracer_provider is None:

@@ -92,9 +92,12 @@ def detach_context(token: Any) -> None:
     otel_context.detach(token)
 
 
+SPAN_KEY: str | None
 try:  # the key the API keeps the current span under
-    from opentelemetry.trace.propagation import _SPAN_KEY as SPAN_KEY
-except ImportError:
+    from opentelemetry.trace import propagation as _propagation
+
+    SPAN_KEY = _propagation._SPAN_KEY
+except (ImportError, AttributeError):
     SPAN_KEY = None
 
 

@@ -183,8 +183,8 @@ def main() -> None:
     else:
         handle = otel_graph.instrument_scheduler()
         client = Client(address)
-    # A LocalCluster's workers may not have reached its scheduler yet when it returns (seen under
-    # load): workloads pinned to a worker need them all listed.
+    # A LocalCluster's workers may not have reached its scheduler yet when it returns (under
+    # load, they often have not): workloads pinned to a worker need them all listed.
     wanted = args.wait_workers or (args.workers if cluster is not None else 0)
     if wanted:
         client.wait_for_workers(wanted, timeout=60)

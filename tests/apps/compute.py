@@ -28,7 +28,6 @@ import dask
 import dask.multiprocessing
 import dask.threaded
 
-
 BUSY_S = 0.0
 
 

@@ -2,12 +2,12 @@
 
 Each compute below is built to break telemetry: keys and messages with lone surrogates
 (not encodable as UTF-8), a class with a unicode name, results whose ``__sizeof__`` raises,
-or whose sizes add up past int64, a megabyte exception message, a 10 MB key, a span of the user's own that no
-exporter can encode, a deeply
-nested key, a task with 10^4 dependencies, and a storm of 600 failures
-with long stack traces (one batch of their spans is over gRPC's 4 MB request limit). It prints RESULT lines for the parent to
-check that the computation itself was unharmed, then flushes and prints FLUSHED with
-the handle's stats.
+or whose sizes add up past int64, a megabyte exception message, a 10 MB key, a span of
+the user's own that no exporter can encode, a deeply nested key, a task with 10^4
+dependencies, and a storm of 600 failures with long stack traces (one batch of their
+spans is over gRPC's 4 MB request limit). It prints RESULT lines for the parent to check
+that the computation itself was unharmed, then flushes and prints FLUSHED with the
+handle's stats.
 """
 
 from __future__ import annotations

@@ -123,8 +123,9 @@ def undelivered(dask_scheduler: Any = None, worker: str = "") -> int:
 
 
 def scenario_exit(how: str, *, now: bool = False, scheduler: str | None = None) -> None:
-    import otel_graph
     from distributed import Client
+
+    import otel_graph
 
     handle = otel_graph.instrument_scheduler()
     if scheduler is None:
@@ -216,9 +217,10 @@ def counted(dask_scheduler: Any = None, worker: str = "") -> tuple[int, int, flo
 def scenario_accounted(tasks: int) -> None:
     """A worker SIGKILLed mid-way through a 2n + 1-task graph; prints RUNS, what the scheduler accepted."""
     import dask
-    import otel_graph
     from distributed import Client, LocalCluster
     from distributed.diagnostics.plugin import SchedulerPlugin
+
+    import otel_graph
 
     handle = otel_graph.instrument_scheduler()
     # Without work stealing no run is ever finished twice with one dropped as stale (a run
@@ -268,8 +270,9 @@ def scenario_restart() -> None:
 
 
 def scenario_reconnect(address: str) -> None:
-    import otel_graph
     from distributed import Client
+
+    import otel_graph
 
     handle = otel_graph.instrument_scheduler()
     client = Client(address, timeout=DEADLINE_S)
