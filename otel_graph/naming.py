@@ -134,8 +134,8 @@ def task_prefix(key: Any) -> str:
     """
     # A collection's tuple keys share their name, which hits a cache (0.05 us); a string key
     # mostly runs once (delayed's 'inc-<uuid>'), and a miss costs twice an uncached split
-    # (0.53 against 0.24 us), and 10^5 one-off keys held in a cache are ~18 MB a loop of
-    # small computes grows by (tests/test_scale.py).
+    # (0.53 against 0.24 us), and 10^5 one-off keys held in a cache are ~18 MB that a loop
+    # of small computes would grow by.
     split = _split
     while type(key) is tuple and key:
         key, split = key[0], _split_name
