@@ -15,7 +15,8 @@ metric points). Workloads:
   scheduler) and, separately, the sum of every worker and nanny process's peak (VmHWM).
 * ``loop-sync`` / ``loop-threads``: ``--tasks / 100`` computes of 5 tasks each (keys
   tokenized per compute, as collections make them); RSS and thread counts at a tenth of
-  the loop, halfway and at its end (memory that levels off shows in the second half), and otel_graph's per-compute tables after it.
+  the loop, halfway and at its end (memory that levels off shows in the second half), and
+  otel_graph's per-compute tables after it.
 
 For each instrumented run the receiver checks, per ``dask.compute`` root: task spans +
 sum of ``dask.task.count`` on aggregate spans == ``dask.graph.tasks`` == the graph's

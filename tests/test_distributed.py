@@ -255,7 +255,8 @@ def test_span_budget_is_shared_between_workers_and_every_task_is_counted(receive
     assert receiver.wait_for(counted, timeout_s=30)
     (root,) = [s for s in receiver.spans() if s["name"] == "dask.compute"]
     children = task_spans(receiver.spans(), root)
-    assert sum(s["attributes"].get("dask.task.count", 1) for s in children) == root["attributes"]["dask.graph.tasks"] == 200
+    assert (sum(s["attributes"].get("dask.task.count", 1) for s in children)
+            == root["attributes"]["dask.graph.tasks"] == 200)
     plain = [s for s in children if "dask.task.count" not in s["attributes"]]
     per_worker: dict[str, int] = {}
     for span in plain:

@@ -181,8 +181,9 @@ def test_any_key_becomes_bounded_utf8_text(key):
     prefix.encode("utf-8")
 
 
-_KEY_WORDS = st.sampled_from(["inc", "x", "", "_(x)", "abcdefab", "5f3c", "d6770bcb", "ab", "fa12", "Hello", "é", "<a.b object at 0x1", "a,b",
-                                "ae05086432ca935f6eba409a8ecd4896", "1", "-", "x" * 200, "ünï", "(x"])
+_KEY_WORDS = st.sampled_from(["inc", "x", "", "_(x)", "abcdefab", "5f3c", "d6770bcb", "ab", "fa12", "Hello", "é",
+                              "<a.b object at 0x1", "a,b", "ae05086432ca935f6eba409a8ecd4896", "1", "-", "x" * 200,
+                              "ünï", "(x"])
 
 
 @settings(max_examples=1000, deadline=None)
@@ -201,7 +202,8 @@ def test_a_string_keys_prefix_is_dask_key_split(key):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.text(), st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1, max_size=20))
+@given(st.text(),
+       st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1, max_size=20))
 def test_any_exception_is_described_in_bounded_utf8(message, name):
     kind = type(name, (Exception,), {})
     info = describe_exception(kind(message))

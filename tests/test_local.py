@@ -82,7 +82,7 @@ def test_span_name_is_the_prefix_never_the_key(telemetry):
 def test_task_spans_are_timed_where_the_task_ran(telemetry, scheduler):
     # The processes scheduler reports batches late; spans must still match the real run.
     graph = {f"nap-{i}": (timed_sleep, 0.05 + 0.01 * i) for i in range(8)}
-    results = dict(zip(graph, compute(graph, list(graph), scheduler)))
+    results = dict(zip(graph, compute(graph, list(graph), scheduler), strict=True))
     spans = {s.attributes["dask.task.key"]: s for s in telemetry.spans() if s.name == "nap"}
     assert set(spans) == set(graph)
     for key, (start, end) in results.items():

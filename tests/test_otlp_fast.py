@@ -617,7 +617,8 @@ def test_a_batch_taken_all_encoded_weighs_what_its_spans_weigh(monkeypatch: pyte
 
     one_by_one: list[int] = []
     take_any = pipeline.take_any
-    monkeypatch.setattr(pipeline, "take_any", lambda queue, count: (one_by_one.append(count), take_any(queue, count))[1])
+    monkeypatch.setattr(pipeline, "take_any",
+                        lambda queue, count: (one_by_one.append(count), take_any(queue, count))[1])
     sizes = [10, SPAN_BYTES - 1, SPAN_BYTES, 3 * SPAN_BYTES + 7, 0, 20]
     spans = [(bytes([i]) * size, 0) for i, size in enumerate(sizes)]
     readable = ReadableSpan(name="r", context=_context(1, 2), resource=RESOURCE, start_time=1, end_time=2)

@@ -99,7 +99,8 @@ def test_a_push_exporter_is_sent_unchanged_cumulative_series_only_now_and_then(m
     assert _push(metrics, exporter, "") == ["a", "b"]
     monkeypatch.setattr(module, "RESEND_UNCHANGED_S", 0.0)
     (point,) = [p for r in exporter._inner.sent[-1].resource_metrics for s in r.scope_metrics for m in s.metrics
-                if m.name == "dask.task.duration" for p in m.data.data_points if dict(p.attributes)["dask.task.prefix"] == "b"]
+                if m.name == "dask.task.duration" for p in m.data.data_points
+                if dict(p.attributes)["dask.task.prefix"] == "b"]
     assert point.count == 2  # cumulative: the whole count, whenever sent
     assert _push(metrics, exporter, "") == ["a", "b"]  # unchanged, sent again now and then
 

@@ -388,7 +388,8 @@ def test_a_worker_killed_mid_graph_leaves_a_trace_that_counts_every_run(receiver
     total, recovered = counted(receiver)
     assert total == runs and runs > 3001, (total, runs)
     # And the task metrics of every process, the lost worker's runs recorded by the client.
-    assert receiver.wait_for(lambda r: task_runs_counted(r) == runs, timeout_s=STEP_S), (task_runs_counted(receiver), runs)
+    assert receiver.wait_for(lambda r: task_runs_counted(r) == runs, timeout_s=STEP_S), (
+        task_runs_counted(receiver), runs)
     assert task_runs_counted(receiver, recovered=True) > 0
     (root,) = roots(receiver)
     (lost,) = [e["attributes"] for e in root["events"] if e["name"] == "dask.worker.lost"]

@@ -42,6 +42,9 @@ from otel_graph.capture.task_runner import execute, run_remote
 from otel_graph.telemetry.task_context import attach_context, detach_context
 
 if TYPE_CHECKING:
+    from dask.local import MultiprocessingPoolExecutor, SynchronousExecutor
+
+    from otel_graph.capture.task_runner import TaskArgs
     from otel_graph.telemetry.compute_record import ComputeRecord
 
 _get_ident = threading.get_ident
@@ -58,8 +61,10 @@ class Tracker(Protocol):
 
     def end(self, record: ComputeRecord, error: BaseException | None) -> None: ...
 
+    def keep_up(self) -> None: ...
 
-def _run_local(record: ComputeRecord, batch: list) -> list:
+
+def _run_local(record: ComputeRecord, batch: list[TaskArgs]) -> list[tuple[Any, Any, bool]]:
     emit = record.sink.append
     out = []
     thread = _get_ident()
@@ -86,25 +91,25 @@ def _run_local(record: ComputeRecord, batch: list) -> list:
 
 #: dask.local's executor classes, imported at the first compute (an import statement per
 #: compute cost it a microsecond).
-_dask_executors: tuple[type, type] | None = None
+_dask_executors: tuple[type[SynchronousExecutor], type[MultiprocessingPoolExecutor]] | None = None
 
 
 def _kind_of_executor(submit: Callable) -> tuple[str | None, bool]:
     """(scheduler name or None when unknown, whether tasks run in this process)."""
     global _dask_executors
     if _dask_executors is None:
-        from dask.local import MultiprocessingPoolExecutor, SynchronousExecutor
+        import dask.local
 
-        _dask_executors = (SynchronousExecutor, MultiprocessingPoolExecutor)
-    SynchronousExecutor, MultiprocessingPoolExecutor = _dask_executors  # noqa: N806
+        _dask_executors = (dask.local.SynchronousExecutor, dask.local.MultiprocessingPoolExecutor)
+    sync_executor, pool_executor = _dask_executors
     owner = getattr(submit, "__self__", None)
-    if isinstance(owner, SynchronousExecutor):
+    if isinstance(owner, sync_executor):
         return "sync", True
     if isinstance(owner, ThreadPoolExecutor):
         return "threads", True
-    if isinstance(owner, MultiprocessingPoolExecutor) and isinstance(owner.pool, ThreadPool):
+    if isinstance(owner, pool_executor) and isinstance(owner.pool, ThreadPool):
         return "threads", True
-    if isinstance(owner, (ProcessPoolExecutor, MultiprocessingPoolExecutor)):
+    if isinstance(owner, (ProcessPoolExecutor, pool_executor)):
         return "processes", False
     return None, False
 
@@ -146,11 +151,12 @@ class LocalCapture:
         import dask.local
 
         self._batch_execute = dask.local.batch_execute_tasks
+        attr = "get_async"  # a name ModuleType does not declare: set with setattr
         for name in _GET_ASYNC_MODULES:
             module = importlib.import_module(name)
-            original = module.get_async
-            self._originals[(name, "get_async")] = original
-            module.get_async = self._wrap_get_async(original)
+            original = getattr(module, attr)
+            self._originals[(name, attr)] = original
+            setattr(module, attr, self._wrap_get_async(original))
         original_start = dask.local.start_state_from_dask
         self._originals[("dask.local", "start_state_from_dask")] = original_start
         dask.local.start_state_from_dask = self._wrap_start_state(original_start)
@@ -164,7 +170,7 @@ class LocalCapture:
         starting = self._starting
 
         @wraps(original)
-        def start_state_from_dask(dsk, *args, **kwargs):  # noqa: ANN001, ANN202
+        def start_state_from_dask(dsk: Any, *args: Any, **kwargs: Any) -> Any:
             state = original(dsk, *args, **kwargs)
             record = getattr(starting, "record", None)
             if record is not None:
@@ -181,7 +187,8 @@ class LocalCapture:
         wrap_submit = self._wrap_submit
 
         @wraps(original)
-        def get_async(submit, num_workers, dsk, result, *args, **kwargs):  # noqa: ANN001, ANN202
+        def get_async(submit: Callable[..., Any], num_workers: int, dsk: Any, result: Any,
+                      *args: Any, **kwargs: Any) -> Any:
             kind, in_process = _kind_of_executor(submit)
             if kind is None:
                 get_id = kwargs.get("get_id", args[1] if len(args) > 1 else None)
@@ -218,7 +225,7 @@ class LocalCapture:
         batch_execute = self._batch_execute
         runner = partial(_run_local, record) if in_process else run_remote
 
-        def traced_submit(fn, *args, **kwargs):  # noqa: ANN001, ANN202
+        def traced_submit(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
             if fn is not batch_execute or kwargs or len(args) != 1:
                 return submit(fn, *args, **kwargs)
             batch = args[0]

@@ -72,7 +72,7 @@ class _Trace:
 
     __slots__ = ("parent", "plan", "last_seen", "dirty", "failed")
 
-    def __init__(self, parent: trace.Span, plan: SpanPlan) -> None:
+    def __init__(self, parent: trace.Span, plan: SpanPlan[adapter.TaskRun]) -> None:
         self.parent, self.plan, self.last_seen, self.dirty = parent, plan, time.monotonic(), False
         #: hash(key): failed runs here, for the keys of this compute that failed on this worker.
         self.failed: dict[int, int] = {}
@@ -273,20 +273,20 @@ class WorkerTelemetry:
             prefixes = [task_prefix(ev.key) for ev in events]
             self._metrics.record_tasks(events, prefixes, "distributed")
             by_trace: dict[str, tuple[list[adapter.TaskRun], list[str]]] = {}
-            for ev, prefix in zip(events, prefixes):
+            for ev, prefix in zip(events, prefixes, strict=True):
                 traceparent = traceparent_of(ev.note)
                 if traceparent is None:
                     continue
                 group = by_trace.setdefault(traceparent, ([], []))
                 group[0].append(ev)
                 group[1].append(prefix)
-            for traceparent, (group, group_prefixes) in by_trace.items():
-                state = self._trace(traceparent, group[0].note)
+            for traceparent, (runs, run_prefixes) in by_trace.items():
+                state = self._trace(traceparent, runs[0].note)
                 if state is not None and state.parent.get_span_context().trace_flags.sampled:
                     state.dirty, state.last_seen = True, now
-                    if state.number_attempts(group):
+                    if state.number_attempts(runs):
                         self._bound_failed()
-                    state.plan.add(group, group_prefixes)
+                    state.plan.add(runs, run_prefixes)
         # A compute quiet here for a while has (probably) ended on this worker: settle it.
         # Not at the first quiet drain: tasks slower than a drain would each become a
         # one-task aggregate span.
@@ -330,10 +330,10 @@ class WorkerTelemetry:
         parent = parent_span(note)
         if parent is None:
             return None
-        plan = SpanPlan(budget=budget_of(note),
-                        emit=lambda ev, prefix: self._task_span(parent, ev, prefix),
-                        emit_aggregate=lambda agg: self._aggregate_span(parent, agg),
-                        hold=_without_run_spec)
+        plan: SpanPlan[adapter.TaskRun] = SpanPlan(budget=budget_of(note),
+                                                   emit=lambda ev, prefix: self._task_span(parent, ev, prefix),
+                                                   emit_aggregate=lambda agg: self._aggregate_span(parent, agg),
+                                                   hold=_without_run_spec)
         state = self._traces[traceparent] = _Trace(parent, plan)
         while len(self._traces) > _MAX_TRACES:
             self._traces.popitem(last=False)[1].settle()

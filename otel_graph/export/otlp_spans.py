@@ -190,8 +190,9 @@ def simple_entry(context: Any, parent: Any, name: str, start: int, end: int, att
                  memo: _Memo) -> bytes:
     """:func:`span_entry` of an INTERNAL span with status UNSET and no events or links (a small
     compute's root, most often): the same bytes, in fewer steps."""
-    return _field(_SS_SPANS, _head(context[_AT_TRACE_ID], context[_AT_SPAN_ID], _INTERNAL, parent, context[_AT_TRACE_STATE],
-                                   name, start, end, memo) + _attributes(_ATTRIBUTES, attributes, memo) + _EMPTY_STATUS)
+    return _field(_SS_SPANS, _head(context[_AT_TRACE_ID], context[_AT_SPAN_ID], _INTERNAL, parent,
+                                   context[_AT_TRACE_STATE], name, start, end, memo)
+                  + _attributes(_ATTRIBUTES, attributes, memo) + _EMPTY_STATUS)
 
 
 def child_entry(parent: Any, span_id: int, name: str, start: int, end: int, attributes: bytes, memo: _Memo) -> bytes:
@@ -218,7 +219,8 @@ def child_entry(parent: Any, span_id: int, name: str, start: int, end: int, attr
                      _TIMES(_START_KEY, start, _END_KEY, end) if start and end else _times(start, end),
                      attributes, _EMPTY_STATUS))
     n = len(body)
-    return _SS_SPANS + (_BYTE[n] if n < 128 else _TWO_BYTES(n & 0x7F | 0x80, n >> 7) if n < 16384 else _varint(n)) + body
+    return _SS_SPANS + (_BYTE[n] if n < 128 else _TWO_BYTES(n & 0x7F | 0x80, n >> 7) if n < 16384
+                        else _varint(n)) + body
 
 
 # -- attributes encoded ahead of their span ---------------------------------

@@ -37,7 +37,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -396,7 +396,7 @@ class ReliableSpanProcessor(SpanProcessor):
             if self._on_delivered is not None:
                 try:
                     # Spans queued encoded before a reader was set carry no attributes to read.
-                    self._on_delivered([span for span in batch if type(span) is not tuple])
+                    self._on_delivered(cast("list[ReadableSpan]", [span for span in batch if type(span) is not tuple]))
                 except Exception:
                     logger.debug("otel_graph: counting delivered spans failed", exc_info=True)
             return len(batch), [], 0
@@ -415,7 +415,9 @@ class ReliableSpanProcessor(SpanProcessor):
     def _export(self, batch: list[Queued]) -> bool | Exception:
         """True, False (the exporter reported failure), or what the exporter raised."""
         try:
-            if self._exporter.export(batch) == SpanExportResult.SUCCESS:
+            # Encoded spans are queued only for otel_graph's fast exporters (takes_encoded), whose export
+            # takes them; SpanExporter.export's signature names ReadableSpans only.
+            if self._exporter.export(batch) == SpanExportResult.SUCCESS:  # type: ignore[arg-type]
                 return True
         except Exception as exc:  # an exporter bug must not kill the delivery thread
             logger.debug("otel_graph: span exporter raised", exc_info=True)

@@ -156,7 +156,9 @@ class OwnedSdk:
 
     def undelivering(self) -> list[str]:
         """The names of the exporters that did not deliver something, each once, in order."""
-        named = [*zip(self.span_names, self.span_processors), *zip(self.metric_names, self.metric_exporters)]
+        named: list[tuple[str, ReliableSpanProcessor | CountingMetricExporter]] = [
+            *zip(self.span_names, self.span_processors, strict=True),
+            *zip(self.metric_names, self.metric_exporters, strict=True)]
         return list(dict.fromkeys(name for name, part in named if part.undelivered))
 
     def flush(self, timeout_s: float) -> bool:
@@ -170,7 +172,9 @@ class OwnedSdk:
 
             def flush_metrics() -> None:
                 try:
-                    metrics_done.append(all([reader.force_flush(int(timeout_s * 1000)) for reader in readers]))
+                    # Every reader flushed, even after one that failed (all() of a generator would stop there).
+                    flushed = [reader.force_flush(int(timeout_s * 1000)) for reader in readers]
+                    metrics_done.append(all(flushed))
                 except Exception:
                     logger.debug("otel_graph: metric flush raised", exc_info=True)
                     metrics_done.append(False)
@@ -204,9 +208,9 @@ class OwnedSdk:
         def hung() -> bool:  # an export held by the collector itself, past its cut retry waits
             return (processor is not None and processor.stuck) or (metrics is not None and metrics.stuck)
 
-        spans_asked = processor is not None and not (processor.healthy and not processor.pending)
-        # The first, short wait lets an export asleep in an exporter's retry backoff end.
-        if spans_asked:
+        # Spans are asked unless the processor is healthy with nothing queued. The first, short
+        # wait lets an export asleep in an exporter's retry backoff end.
+        if processor is not None and not (processor.healthy and not processor.pending):
             answer = processor.probe(timeout_s=min(timeout_s, 0.05))
         else:
             answer = True
@@ -214,7 +218,7 @@ class OwnedSdk:
                 time.sleep(0.05)
         if hung():
             return False
-        if answer is None:
+        if answer is None and processor is not None:  # None only from a probe: processor is set
             answer = processor.probe(timeout_s=timeout_s)
             if hung():
                 return False

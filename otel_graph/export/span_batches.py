@@ -56,7 +56,9 @@ def span_weight(span: Queued) -> int:
         return 1 + len(span[0]) // SPAN_BYTES
     # Only spans with events are measured: they are rare (failed tasks), and measuring
     # every span would cost the export path on the hot side of a 10^6-task graph.
-    return 1 + _event_text_bytes(span) // SPAN_BYTES if span.events else 1
+    # A ReadableSpan here, but mypy narrows only the if branch of ``type(x) is tuple`` (python/mypy#7260),
+    # and isinstance, which it follows, tests a ReadableSpan in twice the time (24 against 11 ns).
+    return 1 + _event_text_bytes(span) // SPAN_BYTES if span.events else 1  # type: ignore[arg-type, union-attr]
 
 
 _entry_of = itemgetter(0)
@@ -94,8 +96,8 @@ def take_any(queue: deque[Queued], count: int) -> tuple[list[Queued], int]:
         span = queue[0]
         if type(span) is tuple:  # encoded: chunks are cut by their encoded size (span_weight's, inline)
             weight += len(span[0]) // SPAN_BYTES
-        elif span.events:
-            size = _event_text_bytes(span)
+        elif span.events:  # type: ignore[union-attr]  # a ReadableSpan: see span_weight
+            size = _event_text_bytes(span)  # type: ignore[arg-type]
             if batch and event_bytes + size > MAX_EVENT_BYTES:
                 break
             event_bytes += size

@@ -68,11 +68,12 @@ class Aside:
         #: Set by the tracker's stop(): nothing is set aside after it.
         self.closed = False
 
-    def add(self, record: ComputeRecord) -> bool:
+    def add(self, record: ComputeRecord, end_ns: int) -> bool:
         """Set a small compute that succeeded aside, for its telemetry to be made with others'
         (:data:`ASIDE_COMPUTES`, :meth:`make`): what the graph and Dask's state say of its
         tasks is read now, into plain values, and the compute is forgotten. False, having done
-        nothing, for any other: it is drained here (the tracker's ``_drain_here``). Never raises."""
+        nothing, for any other: it is drained here (the tracker's ``_drain_here``). Never raises.
+        ``end_ns``: the compute's end, just set as ``record.end_ns`` (which is typed optional)."""
         span = record.span
         # A span each, so within the half of the span budget given to tasks as they come: the
         # drainer's _whole(), inline (a call fewer a compute).
@@ -103,7 +104,7 @@ class Aside:
                         return False
                     aside = self._items
                     if not aside or (aside[0][0] is encoding[0] and aside[0][1] is encoding[1]):
-                        root = span.end_aside(record.end_ns)
+                        root = span.end_aside(end_ns)
                         if root is None:
                             return False
                         del self._records[record]

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -34,11 +34,18 @@ from opentelemetry.trace import TraceFlags
 from otel_graph.telemetry.policy import SpanPlan
 from otel_graph.telemetry.task_context import TaskParent, with_span
 
+if TYPE_CHECKING:
+    from otel_graph.telemetry.events import TaskEvent
+
 _get_ident = threading.get_ident
 _SAMPLED = TraceFlags.SAMPLED
 
 #: Results whose size is measured per memory reading; beyond it the total is scaled up.
 HELD_SAMPLE = 1024
+
+
+def _no_drain(record: ComputeRecord) -> None:
+    """``drain_soon`` of a compute that is only drained every interval (``early_at`` None)."""
 
 
 class ComputeRecord:
@@ -81,7 +88,7 @@ class ComputeRecord:
         self.in_spans = 0
         self.graph: Any = None
         self.state: Any = None
-        self.plan: SpanPlan | None = None
+        self.plan: SpanPlan[TaskEvent] | None = None
         #: Tasks counted elsewhere (the distributed scheduler); None where we count them ourselves.
         self.graph_tasks: int | None = None
         #: distributed: the scheduler's address, and the cluster events already noted on the span
@@ -105,7 +112,8 @@ class ComputeRecord:
         #: Task records awaiting the tracker at which capture asks it to drain this compute while
         #: it runs (``drain_soon()``; ``OTEL_GRAPH_EARLY_DRAIN``); None: only every interval.
         self.early_at: int | None = None
-        self.drain_soon: Callable[[ComputeRecord], None] | None = None
+        #: Set with ``early_at`` (the tracker's ``_drain_soon``); until then asks for nothing.
+        self.drain_soon: Callable[[ComputeRecord], None] = _no_drain
 
     def all_reported(self) -> bool:
         """Every submitted task has its event (seen, or waiting in the sink) or was lost."""

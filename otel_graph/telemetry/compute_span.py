@@ -60,7 +60,8 @@ _getrandbits = random_module.getrandbits
 #: W3C's random-trace-id flag (SDK 1.45.2 and later set it, as this does where it exists).
 _RANDOM = getattr(TraceFlags, "RANDOM_TRACE_ID", 0)
 #: One of each, not one a compute: (sampled, random trace id) -> flags.
-_FLAGS = {(sampled, random): TraceFlags((TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT) | (_RANDOM if random else 0))
+_FLAGS = {(sampled, random): TraceFlags((TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT)
+                                        | (_RANDOM if random else 0))
           for sampled in (False, True) for random in (False, True)}
 
 

@@ -33,7 +33,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from opentelemetry.trace import Status, StatusCode
 
@@ -211,7 +211,7 @@ class Drainer:
             record.early_at = self._early_events
         return taken
 
-    def _consume(self, record: ComputeRecord, plan: SpanPlan | None, events: list[TaskEvent]) -> None:
+    def _consume(self, record: ComputeRecord, plan: SpanPlan[TaskEvent] | None, events: list[TaskEvent]) -> None:
         """Task metrics for ``events``, and their spans through ``plan`` (None: a span each)."""
         prefixes = [task_prefix(ev.key) for ev in events]
         self.metrics.record_tasks(events, prefixes, record.scheduler)
@@ -220,7 +220,7 @@ class Drainer:
         if plan is not None:
             plan.add(events, prefixes)
             return
-        for ev, prefix in zip(events, prefixes):
+        for ev, prefix in zip(events, prefixes, strict=True):
             self._task_span(record, ev, prefix)
 
     def _whole_tasks(self, record: ComputeRecord, taken: list[tuple[Any, ...]], batch: Any) -> list[Run] | None:
@@ -232,7 +232,8 @@ class Drainer:
         if batch is None:
             self._consume(record, None, list(map(TaskEvent._make, taken)))
             return None
-        graph, state, known = record.graph, record.state, {}
+        known: dict[int, str] = {}
+        graph, state = record.graph, record.state
         runs, left = batch.add_tasks(record.span_context, [(raw, task_facts(raw[AT_KEY], graph, state, known=known))
                                                            for raw in taken],
                                      self.metrics.label, record.scheduler, self.task_encoder.encode)
@@ -339,7 +340,7 @@ class Drainer:
                            "the other spans go on, and stats()['span_errors'] counts those that raised",
                            type(exc).__name__, exc)
 
-    def finish(self, record: ComputeRecord, plan: SpanPlan | None) -> None:
+    def finish(self, record: ComputeRecord, plan: SpanPlan[TaskEvent] | None) -> None:
         """End the compute now: its aggregates, its root span, its metrics; then it is forgotten."""
         with self.building:  # its spans, the root's end and its leaving the count, as one
             if not self.halt:
@@ -349,11 +350,13 @@ class Drainer:
                 finally:
                     self._close_batch(record)
 
-    def _end(self, record: ComputeRecord, plan: SpanPlan | None, batch: Any = None, runs: list[Run] | None = None
-             ) -> None:
+    def _end(self, record: ComputeRecord, plan: SpanPlan[TaskEvent] | None, batch: Any = None,
+             runs: list[Run] | None = None) -> None:
         """The compute's aggregates, its root's attributes and end, its metrics with ``runs``
         (recorded once, whatever raises before), and its record forgotten."""
-        failed = record.error is not None
+        error = record.error
+        failed = error is not None
+        end_ns = cast(int, record.end_ns)  # set: a compute ends (tracker.end, _close_incomplete) before this
         try:
             if plan is not None:
                 plan.finish()
@@ -364,20 +367,20 @@ class Drainer:
                 span.set_attribute("dask.graph.tasks", record.graph_tasks)
             if record.submitted > record.seen:
                 span.set_attribute("dask.graph.tasks_lost", record.submitted - record.seen)
-            if failed:
-                info = describe_exception(record.error)
-                span.add_event("exception", exception_event_attributes(info), timestamp=record.end_ns)
+            if error is not None:
+                info = describe_exception(error)
+                span.add_event("exception", exception_event_attributes(info), timestamp=end_ns)
                 span.set_attribute("error.type", info.type_name)
                 span.set_status(Status(StatusCode.ERROR, f"{info.type_name}: {info.message}"[:1024]))
             if batch is not None and type(span) is ComputeSpan:
-                span.end(end_time=record.end_ns, into=batch)
+                span.end(end_time=end_ns, into=batch)
             else:
-                span.end(end_time=record.end_ns)
+                span.end(end_time=end_ns)
             if record.outer:
-                _end_outer(record, record.end_ns)
+                _end_outer(record, end_ns)
         finally:
             try:
-                self.metrics.record_compute((record.end_ns - record.start_ns) / 1e9, record.scheduler, failed,
+                self.metrics.record_compute((end_ns - record.start_ns) / 1e9, record.scheduler, failed,
                                             runs=runs)
             except Exception:  # an application's instrument: counted, and the compute still leaves
                 self.processing_errors += 1

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 UNSET_STATUS = Status(StatusCode.UNSET)
 
 
-class EncodedBatch(list):  # type: ignore[type-arg]
+class EncodedBatch(list):
     """Spans encoded as they ended, ``(entry, origin)``, for the processors it was made for
     (:meth:`~otel_graph.telemetry.spans.DirectEmitter.encoded_batch`): :meth:`queue` hands
     them over with one lock round trip each."""
@@ -137,7 +137,7 @@ def span_context_of(fields: tuple[Any, ...]) -> trace.SpanContext:
 
 
 def encoded_entry(parts: SpanEncoding, name: str, context: Any, parent: Any, start_ns: int, end_ns: int,
-                  attributes: dict[str, Any], events: tuple[Any, ...], status: Status) -> tuple[bytes, int] | None:
+                  attributes: dict[str, Any], events: Sequence[Any], status: Status) -> tuple[bytes, int] | None:
     """A finished INTERNAL span encoded as it is queued, ``(entry, origin)``; None where it cannot
     be encoded: as a ReadableSpan, the exporter then refuses it alone."""
     try:

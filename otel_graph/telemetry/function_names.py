@@ -111,6 +111,9 @@ class _FunctionNames:
         if len(names) >= MAX_FUNCTION_NAMES or depth > 32:
             return
         if isinstance(value, Task):
+            # Any, not Task.func's Callable: a toolz Compose's fields are read below (toolz is untyped,
+            # so ``type(func) is Compose`` narrows nothing). A bare local annotation: no runtime cost.
+            func: Any
             func, args = value.func, value.args
             if func is _execute_subgraph and args and (type(args[0]) is dict or isinstance(args[0], Mapping)):
                 for inner in args[0].values():

@@ -34,16 +34,42 @@ Every task is accounted for: the sum of ``dask.task.count`` over a trace's spans
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from otel_graph.naming import fold_prefix
-from otel_graph.telemetry.events import TaskEvent
+
+if TYPE_CHECKING:
+    from otel_graph.telemetry.events import ErrorInfo
 
 #: Prefixes a compute (on a worker: its share there) gets aggregate spans of their own
 #: for; the tasks of later ones share one, whose prefix and name are OTHER_PREFIXES.
 MAX_AGGREGATES = 100
+
+
+class TaskRecord(Protocol):
+    """What the budget reads of a task's run: a :class:`~otel_graph.telemetry.events.TaskEvent`
+    (local schedulers) or a distributed worker's ``TaskRun``, which starts with its fields."""
+
+    @property
+    def key(self) -> Any: ...
+
+    @property
+    def start_ns(self) -> int: ...
+
+    @property
+    def end_ns(self) -> int: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+    @property
+    def error(self) -> ErrorInfo | None: ...
+
+
+#: The record type one plan routes (and hands back to its ``emit`` and ``hold``).
+R = TypeVar("R", bound=TaskRecord)
 
 
 @dataclass
@@ -59,7 +85,7 @@ class Aggregate:
     end_ns: int = 0
     nbytes: int = 0
 
-    def add(self, events: list[TaskEvent]) -> None:
+    def add(self, events: Sequence[TaskRecord]) -> None:
         durations = [ev.end_ns - ev.start_ns for ev in events]
         starts = min(ev.start_ns for ev in events)
         ends = max(ev.end_ns for ev in events)
@@ -76,17 +102,18 @@ class Aggregate:
         self.nbytes += sum(ev.nbytes for ev in events if ev.nbytes > 0)
 
 
-class SpanPlan:
-    """Routes one compute's events to task spans or aggregates, within the budget."""
+class SpanPlan(Generic[R]):
+    """Routes one compute's events (task records of type ``R``) to task spans or aggregates,
+    within the budget."""
 
     def __init__(
         self,
         *,
         budget: int | None,
-        emit: Callable[[TaskEvent, str], None],
+        emit: Callable[[R, str], None],
         emit_aggregate: Callable[[Aggregate], None],
         keep: Container[Any] = (),
-        hold: Callable[[TaskEvent], TaskEvent] | None = None,
+        hold: Callable[[R], R] | None = None,
         max_aggregates: int | None = None,
     ) -> None:
         self._emit = emit
@@ -98,7 +125,7 @@ class SpanPlan:
         self._unlimited = budget is None
         self._stream_left = 0 if budget is None else budget - budget // 2
         self._slow_capacity = 0 if budget is None else budget // 2
-        self._slowest: list[tuple[int, int, TaskEvent, str]] = []
+        self._slowest: list[tuple[int, int, R, str]] = []
         self._seq = 0
         self._aggregates: dict[str, Aggregate] = {}
         #: Prefixes folded so far, over settles too: at most max_aggregates.
@@ -107,9 +134,9 @@ class SpanPlan:
         self.task_spans = 0
         self.aggregated_tasks = 0
 
-    def add(self, events: list[TaskEvent], prefixes: list[str]) -> None:
+    def add(self, events: list[R], prefixes: list[str]) -> None:
         """Route a batch of events: spans now, slow candidates to the heap, the rest folded."""
-        folded: dict[str, list[TaskEvent]] = {}
+        folded: dict[str, list[R]] = {}
         slowest, capacity, keep = self._slowest, self._slow_capacity, self._keep
         for ev, prefix in zip(events, prefixes, strict=True):
             if self._unlimited or ev.error is not None or (keep and ev.key in keep):
@@ -149,14 +176,14 @@ class SpanPlan:
             self._emit_aggregate(aggregate)
         self._aggregates.clear()
 
-    def _held(self, ev: TaskEvent) -> TaskEvent:
+    def _held(self, ev: R) -> R:
         return ev if self._hold is None else self._hold(ev)
 
-    def _span(self, ev: TaskEvent, prefix: str) -> None:
+    def _span(self, ev: R, prefix: str) -> None:
         self.task_spans += 1
         self._emit(ev, prefix)
 
-    def _fold(self, events: list[TaskEvent], prefix: str) -> None:
+    def _fold(self, events: list[R], prefix: str) -> None:
         self.aggregated_tasks += len(events)
         prefix = fold_prefix(prefix, self._folded_prefixes, limit=self._max_aggregates)
         aggregate = self._aggregates.get(prefix)

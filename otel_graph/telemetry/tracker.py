@@ -33,7 +33,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 from opentelemetry import trace
 
@@ -187,11 +187,11 @@ class Tracker:
 
     def end(self, record: ComputeRecord, error: BaseException | None) -> None:
         record.error = error  # before end_ns: a drain in between must not see a failure as success
-        record.end_ns = time.time_ns()
+        record.end_ns = end_ns = time.time_ns()
         # all_reported(), inline: a call fewer per compute
         if record.inline and record.submitted <= INLINE_MAX_TASKS \
                 and record.seen + len(record.sink) + record.lost >= record.submitted \
-                and (self._aside.add(record) or self._drain_here(record)):
+                and (self._aside.add(record, end_ns) or self._drain_here(record)):
             return
         with self._wake:
             # An abandoned record is forgotten already: counted, it would never leave the backlog.
@@ -205,7 +205,8 @@ class Tracker:
         """Capture's ask, from a pool's thread, to drain a running compute now (``OTEL_GRAPH_EARLY_DRAIN``).
         Never raises into the task's thread."""
         try:
-            record.early_at = len(record.sink) + self._early_events  # not asked again at every batch meanwhile
+            # Set: only computes begun with it ask (begin). Not asked again at every batch meanwhile.
+            record.early_at = len(record.sink) + cast(int, self._early_events)
             with self._wake:
                 self._early[record] = None
                 self._passes.kick()

@@ -66,7 +66,9 @@ def read_worker_says(scheduler: Any, reader: Any) -> bool:
     that ``reader(worker, payload)`` gets what workers say with :func:`.worker.say_to_scheduler`.
     Idempotent; True if the scheduler now reads them. Left in place: workers may still say."""
     handlers = getattr(scheduler, "stream_handlers", None)
-    original = handlers.get("keep-alive") if isinstance(handlers, dict) else None
+    if not isinstance(handlers, dict):
+        return False
+    original = handlers.get("keep-alive")
     if original is None:
         return False
     if getattr(original, "otel_graph_reader", None) is not None:
@@ -192,8 +194,8 @@ class WorkerMemory(NamedTuple):
 def worker_memory(scheduler: Any) -> Iterable[WorkerMemory]:
     for ws in list(scheduler.workers.values()):
         memory = ws.memory
-        yield WorkerMemory(safe_text(str(ws.address)), safe_text(str(ws.name)), int(memory.managed), int(memory.unmanaged),
-                           int(memory.spilled), int(ws.memory_limit or 0))
+        yield WorkerMemory(safe_text(str(ws.address)), safe_text(str(ws.name)), int(memory.managed),
+                           int(memory.unmanaged), int(memory.spilled), int(ws.memory_limit or 0))
 
 
 #: Contexts whose fine metrics carry a span id on the workers, kept by span on the scheduler.
@@ -204,7 +206,7 @@ def fine_metric_readings(scheduler: Any) -> Iterable[tuple[str, str, tuple, floa
     """(span name or "", unit, key without span and unit, value): distributed's fine performance
     metrics on the scheduler, by span where the spans extension keeps them (``Span.
     _cumulative_worker_metrics``), the rest from ``Scheduler.cumulative_worker_metrics``."""
-    spans = getattr(scheduler, "extensions", {}).get("spans")
+    spans: Any = getattr(scheduler, "extensions", {}).get("spans")  # distributed's SpansSchedulerExtension
     by_span = spans is not None and hasattr(spans, "spans")
     if by_span:
         for span in list(spans.spans.values()):

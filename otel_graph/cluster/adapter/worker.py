@@ -92,7 +92,9 @@ def task_run(worker: Any, key: Any, *, note: Any, address: str) -> TaskRun | Non
 
     now = worker_time()
     delay = getattr(worker, "scheduler_delay", 0.0) or 0.0
-    start = end = None
+    # The last compute's; start None: it never ran here (end, set with it, then unread).
+    start: float | None = None
+    end = 0.0
     # startstops is one list across retries of the task: keep the phases that led up to
     # the last compute (since the one before it) and those after it (its disk-write).
     leading: list[Phase] = []
