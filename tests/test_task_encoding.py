@@ -546,7 +546,7 @@ def test_a_pool_computes_early_drain_leaves_the_computes_set_aside_to_their_batc
         assert tracker.unprocessed() == 2 and not encoded.spans  # set aside: a root and a task span
 
         pool = tracker.begin("threads")
-        assert pool is not None and pool.early_at == EARLY_DRAIN_EVENTS and pool.drain_soon is not None
+        assert pool is not None and pool.early_at == EARLY_DRAIN_EVENTS and pool.drain_soon == tracker._drain_soon
         pool.submitted = EARLY_DRAIN_EVENTS + 10
         pool.sink.extend((f"pool-{i}", 1, 2, 1, 1, 8, "int", None) for i in range(EARLY_DRAIN_EVENTS + 10))
         pool.drain_soon(pool)

@@ -6,6 +6,7 @@ time, and ``task_runner`` runs each task and records it as a plain tuple of
 pool's worker. Nothing else happens per task: the records go to
 :mod:`otel_graph.telemetry`, which turns them into spans and metrics off the hot path.
 
-May import: :mod:`otel_graph.telemetry` and what it may import. Dask is imported here, never
-above in the package's import.
+May import: :mod:`otel_graph.telemetry`, :mod:`otel_graph.readings`, :mod:`otel_graph.export`
+and the shared modules at the top. ``dask.local`` is imported at the first compute, not with
+the package.
 """

@@ -89,8 +89,8 @@ def _run_local(record: ComputeRecord, batch: list[TaskArgs]) -> list[tuple[Any, 
     return out
 
 
-#: dask.local's executor classes, imported at the first compute (an import statement per
-#: compute cost it a microsecond).
+#: dask.local's executor classes, imported at the first compute (an import statement costs
+#: every compute a microsecond).
 _dask_executors: tuple[type[SynchronousExecutor], type[MultiprocessingPoolExecutor]] | None = None
 
 

@@ -19,7 +19,8 @@ nothing per task:
 * :mod:`.adapter`: the only package that reads distributed's internals (one module per side);
 * :mod:`.preload`: ``dask scheduler|worker --preload otel_graph``.
 
-A worker's task records go through :mod:`otel_graph.telemetry` as the local schedulers' do.
+A worker's finished runs become spans and metrics with :mod:`otel_graph.telemetry`'s parts
+(the span budget, span attributes, a background thread's passes), off the event loop.
 
 May import: :mod:`otel_graph.telemetry`, :mod:`otel_graph.readings`, :mod:`otel_graph.export`
 and the shared modules at the top. ``distributed`` is imported where it is used, never when

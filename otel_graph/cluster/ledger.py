@@ -57,7 +57,7 @@ Failures are tallied apart, by their own prefix (every failed run gets a span of
 own, never folded), and a delivered error span is taken only from its prefix's failures:
 a failed attempt that Dask retries (``retries=``) goes ``processing -> waiting``, so the
 scheduler never tallies it, yet its worker delivers its span; taken from the successes,
-it hid a success the worker still owed. Task metrics keep failures apart the same way.
+it would hide a success the worker still owes. Task metrics keep failures apart the same way.
 A successful run the scheduler turns away (a task cancelled while it ran) is still
 delivered by its worker and taken from the compute's tallies: that is the one way the
 total can come out short.

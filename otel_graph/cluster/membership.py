@@ -77,7 +77,7 @@ def _bounded_all(works: Sequence[Callable[[], Any]], timeout_s: float, what: str
             outcome.append((False, exc))
 
     threads = [threading.Thread(target=run, args=(work, outcome), name=f"otel-graph-{what}", daemon=True)
-               for work, outcome in zip(works, outcomes, strict=True)]
+               for work, outcome in zip(works, outcomes, strict=False)]
     for thread in threads:
         thread.start()
     deadline = time.monotonic() + timeout_s

@@ -273,7 +273,7 @@ class WorkerTelemetry:
             prefixes = [task_prefix(ev.key) for ev in events]
             self._metrics.record_tasks(events, prefixes, "distributed")
             by_trace: dict[str, tuple[list[adapter.TaskRun], list[str]]] = {}
-            for ev, prefix in zip(events, prefixes, strict=True):
+            for ev, prefix in zip(events, prefixes, strict=False):
                 traceparent = traceparent_of(ev.note)
                 if traceparent is None:
                     continue

@@ -161,7 +161,7 @@ class HistogramSet:
             if previous is not None:
                 count -= previous[0]
                 total -= previous[1]
-                buckets = [a - b for a, b in zip(buckets, previous[2], strict=True)]
+                buckets = [a - b for a, b in zip(buckets, previous[2], strict=False)]
             if count == 0:
                 return None
             start = last

@@ -59,17 +59,17 @@ from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans
 
-from otel_graph.export.otlp_spans import _span
-from otel_graph.export.otlp_wire import _attributes, _field, _keys, _Memo, _utf8, _varint
+from otel_graph.export.otlp_spans import encode_span
+from otel_graph.export.otlp_wire import Memo, field_keys, key_values, utf8, varint, wire_field
 from otel_graph.export.span_batches import Queued
 
 __all__ = ["EncodedSpans", "encode_chunks", "encode_spans_fast", "group_spans", "origin"]
 
-(_REQ_RESOURCE_SPANS,) = _keys(ExportTraceServiceRequest, "resource_spans")
-_RS_RESOURCE, _RS_SCOPE_SPANS, _RS_SCHEMA_URL = _keys(ResourceSpans, "resource", "scope_spans", "schema_url")
-(_RESOURCE_ATTRIBUTES,) = _keys(Resource, "attributes")
-_SS_SCOPE, _SS_SCHEMA_URL = _keys(ScopeSpans, "scope", "schema_url")
-_SCOPE_NAME, _SCOPE_VERSION, _SCOPE_ATTRIBUTES = _keys(InstrumentationScope, "name", "version", "attributes")
+(_REQ_RESOURCE_SPANS,) = field_keys(ExportTraceServiceRequest, "resource_spans")
+_RS_RESOURCE, _RS_SCOPE_SPANS, _RS_SCHEMA_URL = field_keys(ResourceSpans, "resource", "scope_spans", "schema_url")
+(_RESOURCE_ATTRIBUTES,) = field_keys(Resource, "attributes")
+_SS_SCOPE, _SS_SCHEMA_URL = field_keys(ScopeSpans, "scope", "schema_url")
+_SCOPE_NAME, _SCOPE_VERSION, _SCOPE_ATTRIBUTES = field_keys(InstrumentationScope, "name", "version", "attributes")
 
 # -- spans encoded as they end ------------------------------------------------
 #
@@ -109,19 +109,19 @@ def origin(resource: Any, scope: Any) -> int:
 # -- requests ----------------------------------------------------------------
 
 
-def _entry(span: Any, memo: _Memo) -> bytes:
+def _entry(span: Any, memo: Memo) -> bytes:
     """The entry of a ReadableSpan, or of a span encoded as it ended."""
-    return span[0] if type(span) is tuple else _span(span, memo)
+    return span[0] if type(span) is tuple else encode_span(span, memo)
 
 
-def _scope_head(scope: Any, memo: _Memo) -> bytes:
+def _scope_head(scope: Any, memo: Memo) -> bytes:
     """A ScopeSpans' scope and schema_url fields; ``None`` is stock's empty scope."""
     if scope is None:
         return _SS_SCOPE + b"\x00"
-    body = (_field(_SCOPE_NAME, _utf8(scope.name)) if scope.name else b"") + (
-        _field(_SCOPE_VERSION, _utf8(scope.version)) if scope.version else b"")
-    head = _field(_SS_SCOPE, body + _attributes(_SCOPE_ATTRIBUTES, scope.attributes, memo))
-    return head + (_field(_SS_SCHEMA_URL, _utf8(scope.schema_url)) if scope.schema_url else b"")
+    body = (wire_field(_SCOPE_NAME, utf8(scope.name)) if scope.name else b"") + (
+        wire_field(_SCOPE_VERSION, utf8(scope.version)) if scope.version else b"")
+    head = wire_field(_SS_SCOPE, body + key_values(_SCOPE_ATTRIBUTES, scope.attributes, memo))
+    return head + (wire_field(_SS_SCHEMA_URL, utf8(scope.schema_url)) if scope.schema_url else b"")
 
 
 class EncodedSpans(list[Queued]):
@@ -168,14 +168,14 @@ def encode_chunks(spans: Sequence[Queued], *, max_bytes: int) -> list[list[Queue
         chunk.extend(spans)
         chunk.parts, chunk.origin = encoded[0], encoded[2]
         return [chunk]
-    memo = _Memo()
+    memo = Memo()
     chunks: list[list[Queued]] = []
     current, size = EncodedSpans(), 0
     for span in spans:
         try:
             # _entry's, inline: a call a span fewer. A ReadableSpan in the else branch, which mypy does
             # not narrow to (span_batches.span_weight says why isinstance is not used).
-            part = span[0] if type(span) is tuple else _span(span, memo)  # type: ignore[arg-type]
+            part = span[0] if type(span) is tuple else encode_span(span, memo)  # type: ignore[arg-type]
         except Exception:  # noqa: BLE001 - the exporter raises on it again, and the processor drops it alone
             if current:
                 chunks.append(current)
@@ -219,7 +219,7 @@ def _encode_request(spans: Sequence[Queued]) -> bytes:
         parts, one_origin = spans.parts, spans.origin
     else:
         parts = one_origin = None
-    memo = _Memo()
+    memo = Memo()
     pieces: list[bytes] = []
     if parts is not None and one_origin is not None:  # the usual request: every span encoded, of one origin
         resource, scope = _ORIGINS[one_origin]
@@ -236,23 +236,23 @@ def _encode_request(spans: Sequence[Queued]) -> bytes:
     return b"".join(pieces)
 
 
-def _add_resource_spans(pieces: list[bytes], resource: Any, scoped: list[tuple[Any, list[bytes]]], memo: _Memo) -> None:
+def _add_resource_spans(pieces: list[bytes], resource: Any, scoped: list[tuple[Any, list[bytes]]], memo: Memo) -> None:
     """A request's ``resource_spans`` field, of ``resource`` and per scope its spans' entries, appended
     to ``pieces`` in pieces, their lengths worked out ahead: the request's one join then copies
     each entry once, where a field joined at each level of nesting copies the whole request
     (hundreds of kB, each copy a fresh allocation) while the export thread holds the GIL."""
-    resource_field = _field(_RS_RESOURCE, _attributes(_RESOURCE_ATTRIBUTES, resource.attributes, memo))
+    resource_field = wire_field(_RS_RESOURCE, key_values(_RESOURCE_ATTRIBUTES, resource.attributes, memo))
     size = len(resource_field)
     heads = []
     for scope, entries in scoped:
         scope_head = _scope_head(scope, memo)
         spans_size = sum(map(len, entries))
         # The ScopeSpans field's, to its spans.
-        head = _RS_SCOPE_SPANS + _varint(len(scope_head) + spans_size) + scope_head
+        head = _RS_SCOPE_SPANS + varint(len(scope_head) + spans_size) + scope_head
         heads.append((head, entries))
         size += len(head) + spans_size
-    schema = _field(_RS_SCHEMA_URL, _utf8(resource.schema_url)) if resource.schema_url else b""
-    pieces += (_REQ_RESOURCE_SPANS + _varint(size + len(schema)), resource_field)
+    schema = wire_field(_RS_SCHEMA_URL, utf8(resource.schema_url)) if resource.schema_url else b""
+    pieces += (_REQ_RESOURCE_SPANS + varint(size + len(schema)), resource_field)
     for head, entries in heads:
         pieces.append(head)
         pieces += entries

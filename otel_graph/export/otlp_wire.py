@@ -4,18 +4,19 @@ The encoders (:mod:`otel_graph.export.otlp_spans` for a span's entry,
 :mod:`otel_graph.export.otlp_fast` for a request) write protobuf bytes themselves,
 from these parts:
 
-* varints and length-delimited fields (:func:`_varint`, :func:`_field`), and each field's key
-  read from the official ``opentelemetry-proto`` descriptors (:func:`_keys`), never typed in;
+* varints and length-delimited fields (:func:`varint`, :func:`wire_field`), and each field's key
+  read from the official ``opentelemetry-proto`` descriptors (:func:`field_keys`), never typed in;
 * an attribute's ``AnyValue`` by the value's type (:data:`_ANY`), the stock encoder's
   ``isinstance`` order for subclasses (:func:`_any_encoder`);
-* a ``KeyValue`` list (:func:`_attributes`), each (key, value) pair that can repeat encoded
-  once and remembered in a :class:`_Memo`; a pair that cannot be encoded is logged and left
+* a ``KeyValue`` list (:func:`key_values`), each (key, value) pair that can repeat encoded
+  once and remembered in a :class:`Memo`; a pair that cannot be encoded is logged and left
   out, as stock leaves it.
 
-Its names are the encoders' shared parts, not an API, and keep their leading underscore;
-:func:`attribute_head` is public: :mod:`otel_graph.telemetry.task_encoding` makes keys with it.
+The names without an underscore are what the two encoders and
+:mod:`otel_graph.telemetry.task_encoding` (:func:`attribute_head`) share; the rest is this
+module's own.
 
->>> _varint(300).hex(), _field(b"\\x0a", b"inc").hex()
+>>> varint(300).hex(), wire_field(b"\\x0a", b"inc").hex()
 ('ac02', '0a03696e63')
 """
 
@@ -30,20 +31,20 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 
-_logger = logging.getLogger(__name__)
+_logger = logging.getLogger("otel_graph.otlp_fast")  # the name it has always logged under
 
-_BYTE = [bytes((n,)) for n in range(128)]  # a varint below 128 is that one byte
-_U64 = struct.Struct("<Q").pack  # fixed64
+BYTE = [bytes((n,)) for n in range(128)]  # a varint below 128 is that one byte
+U64 = struct.Struct("<Q").pack  # fixed64
 _F64 = struct.Struct("<d").pack  # double
-_U32 = struct.Struct("<I").pack  # fixed32
+U32 = struct.Struct("<I").pack  # fixed32
 _FD = FieldDescriptor
 _WIRE_TYPE = {_FD.TYPE_DOUBLE: 1, _FD.TYPE_FIXED64: 1, _FD.TYPE_FIXED32: 5,  # others used here are varints (0)
               _FD.TYPE_STRING: 2, _FD.TYPE_BYTES: 2, _FD.TYPE_MESSAGE: 2}  # fmt: skip
 
 
-def _varint(n: int) -> bytes:
+def varint(n: int) -> bytes:
     if n < 128:
-        return _BYTE[n]
+        return BYTE[n]
     out = bytearray()
     while n > 127:
         out.append(n & 0x7F | 0x80)
@@ -52,24 +53,24 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
-_TWO_BYTES = struct.Struct("BB").pack
+TWO_BYTES = struct.Struct("BB").pack
 
 
-def _field(key: bytes, payload: bytes) -> bytes:
+def wire_field(key: bytes, payload: bytes) -> bytes:
     """A length-delimited field: a string, bytes or an embedded message."""
     n = len(payload)
-    return key + (_BYTE[n] if n < 128 else _TWO_BYTES(n & 0x7F | 0x80, n >> 7) if n < 16384 else _varint(n)) + payload
+    return key + (BYTE[n] if n < 128 else TWO_BYTES(n & 0x7F | 0x80, n >> 7) if n < 16384 else varint(n)) + payload
 
 
-def _keys(message: type[Message], *names: str) -> list[bytes]:
+def field_keys(message: type[Message], *names: str) -> list[bytes]:
     """The field keys (number and wire type) of ``names``, read from the official descriptor."""
     fields = message.DESCRIPTOR.fields_by_name
-    return [_varint(fields[n].number << 3 | _WIRE_TYPE.get(fields[n].type, 0)) for n in names]
+    return [varint(fields[n].number << 3 | _WIRE_TYPE.get(fields[n].type, 0)) for n in names]
 
 
-_KV_KEY, _KV_VALUE = _keys(KeyValue, "key", "value")
-(_ARRAY_VALUES,), (_KVLIST_VALUES,) = _keys(ArrayValue, "values"), _keys(KeyValueList, "values")
-_STRING, _BOOL, _INT, _DOUBLE, _ARRAY, _KVLIST, _BYTES = _keys(
+_KV_KEY, _KV_VALUE = field_keys(KeyValue, "key", "value")
+(_ARRAY_VALUES,), (_KVLIST_VALUES,) = field_keys(ArrayValue, "values"), field_keys(KeyValueList, "values")
+ANY_STRING, _BOOL, _INT, _DOUBLE, _ARRAY, _KVLIST, _BYTES = field_keys(
     AnyValue, "string_value", "bool_value", "int_value", "double_value", "array_value", "kvlist_value", "bytes_value")
 
 # -- attribute values --------------------------------------------------------
@@ -78,7 +79,7 @@ _STRING, _BOOL, _INT, _DOUBLE, _ARRAY, _KVLIST, _BYTES = _keys(
 def _any_int(value: int) -> bytes:
     if not -(1 << 63) <= value < 1 << 63:
         raise ValueError(f"Value out of range: {value}")
-    return _INT + _varint(value & 0xFFFF_FFFF_FFFF_FFFF)  # a negative int64 is a 10-byte varint
+    return _INT + varint(value & 0xFFFF_FFFF_FFFF_FFFF)  # a negative int64 is a 10-byte varint
 
 
 def _any_array(value: Sequence[Any]) -> bytes:
@@ -87,19 +88,20 @@ def _any_array(value: Sequence[Any]) -> bytes:
         if type(item) is str:  # the usual item, inlined: 1-byte key, length, string AnyValue (1-byte key)
             encoded = item.encode()
             if len(encoded) < 126:
-                items.append(_ARRAY_VALUES + _BYTE[len(encoded) + 2] + _STRING + _BYTE[len(encoded)] + encoded)
+                items.append(_ARRAY_VALUES + BYTE[len(encoded) + 2] + ANY_STRING + BYTE[len(encoded)] + encoded)
                 continue
-        items.append(_field(_ARRAY_VALUES, (_ANY.get(type(item)) or _any_encoder(item))(item)))
-    return _field(_ARRAY, b"".join(items))
+        items.append(wire_field(_ARRAY_VALUES, (_ANY.get(type(item)) or _any_encoder(item))(item)))
+    return wire_field(_ARRAY, b"".join(items))
 
 
 def _any_kvlist(value: Mapping[Any, Any]) -> bytes:
-    return _field(_KVLIST, b"".join([_attribute(_KVLIST_VALUES, str(k), v, {}) for k, v in value.items()]))
+    return wire_field(_KVLIST, b"".join([key_value(_KVLIST_VALUES, str(k), v, {}) for k, v in value.items()]))
 
 
 # Exact types first, so the common case is one dict lookup; ``_any_encoder`` handles subclasses.
-_ANY = {str: lambda value: _field(_STRING, value.encode()), int: _any_int, float: lambda value: _DOUBLE + _F64(value),
-        bool: lambda value: _BOOL + (b"\x01" if value else b"\x00"), bytes: lambda value: _field(_BYTES, value),
+_ANY = {str: lambda value: wire_field(ANY_STRING, value.encode()), int: _any_int,
+        float: lambda value: _DOUBLE + _F64(value),
+        bool: lambda value: _BOOL + (b"\x01" if value else b"\x00"), bytes: lambda value: wire_field(_BYTES, value),
         tuple: _any_array, list: _any_array, dict: _any_kvlist, type(None): lambda value: b""}  # None: empty AnyValue
 
 
@@ -115,7 +117,7 @@ def _any_encoder(value: Any) -> Any:
     raise TypeError(f"Invalid type {type(value)} of value {value}")
 
 
-def _utf8(text: str | bytes) -> bytes:
+def utf8(text: str | bytes) -> bytes:
     """A string field's payload. Like the messages, take str, or bytes that are valid UTF-8."""
     if isinstance(text, str):
         return text.encode()  # a lone surrogate raises, as in the messages
@@ -125,7 +127,7 @@ def _utf8(text: str | bytes) -> bytes:
     raise TypeError(f"bad argument type {type(text)} for a string field")
 
 
-class _Memo:
+class Memo:
     """What is encoded once and reused: (key, value) pairs, the head of a KeyValue per key.
 
     One per request at export; one per emitter for spans encoded as they end (its owner
@@ -153,7 +155,7 @@ _MEMO_TYPES = frozenset({str, int, bool})
 _MEMO_MAX_CHARS = 64
 
 
-def _attributes(field: bytes, attributes: Mapping[str, Any] | None, memo: _Memo) -> bytes:
+def key_values(field: bytes, attributes: Mapping[str, Any] | None, memo: Memo) -> bytes:
     """Encode ``attributes`` as the repeated KeyValue ``field``; stock's error handling."""
     if not attributes:
         return b""
@@ -165,27 +167,27 @@ def _attributes(field: bytes, attributes: Mapping[str, Any] | None, memo: _Memo)
                 memo_key = (field, name, value, kind)
                 encoded = pairs.get(memo_key)
                 if encoded is None:
-                    encoded = pairs[memo_key] = _attribute(field, name, value, heads)
+                    encoded = pairs[memo_key] = key_value(field, name, value, heads)
             else:
-                encoded = _attribute(field, name, value, heads)
+                encoded = key_value(field, name, value, heads)
             parts.append(encoded)
         except Exception as error:  # noqa: BLE001 - stock logs and skips the key, keeping the span
             _logger.exception("Failed to encode key %s: %s", name, error)
     return b"".join(parts)
 
 
-def _attribute(field: bytes, name: str, value: Any, heads: dict[str, bytes]) -> bytes:
+def key_value(field: bytes, name: str, value: Any, heads: dict[str, bytes]) -> bytes:
     """One KeyValue as ``field``; ``heads`` caches the key part (the key, then the value's tag)."""
     head = heads.get(name)
     if head is None:
         head = heads[name] = attribute_head(name)
     value_bytes = (_ANY.get(type(value)) or _any_encoder(value))(value)
     n = len(value_bytes)
-    return _field(field, head + (_BYTE[n] if n < 128 else _varint(n)) + value_bytes)
+    return wire_field(field, head + (BYTE[n] if n < 128 else varint(n)) + value_bytes)
 
 
 def attribute_head(name: str) -> bytes:
     """The part of an attribute's KeyValue before its value's length: its key, then the value's tag."""
-    encoded = name.encode() if type(name) is str else _utf8(name)
-    return (_field(_KV_KEY, encoded) if encoded else b"") + _KV_VALUE
+    encoded = name.encode() if type(name) is str else utf8(name)
+    return (wire_field(_KV_KEY, encoded) if encoded else b"") + _KV_VALUE
 

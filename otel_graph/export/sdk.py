@@ -157,8 +157,8 @@ class OwnedSdk:
     def undelivering(self) -> list[str]:
         """The names of the exporters that did not deliver something, each once, in order."""
         named: list[tuple[str, ReliableSpanProcessor | CountingMetricExporter]] = [
-            *zip(self.span_names, self.span_processors, strict=True),
-            *zip(self.metric_names, self.metric_exporters, strict=True)]
+            *zip(self.span_names, self.span_processors, strict=False),
+            *zip(self.metric_names, self.metric_exporters, strict=False)]
         return list(dict.fromkeys(name for name, part in named if part.undelivered))
 
     def flush(self, timeout_s: float) -> bool:

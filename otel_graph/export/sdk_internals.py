@@ -117,7 +117,7 @@ def follows_parent(sampler: Any) -> bool:
         return False
     delegates = [getattr(sampler, name, None) for name in _DEFAULT_DELEGATES]
     defaults = (ALWAYS_ON, ALWAYS_ON, ALWAYS_OFF, ALWAYS_ON, ALWAYS_OFF)
-    return all(a is b for a, b in zip(delegates, defaults, strict=True))
+    return all(a is b for a, b in zip(delegates, defaults, strict=False))
 
 
 # -- metric exporters -----------------------------------------------------------------------

@@ -52,7 +52,7 @@ def _event_text_bytes(span: ReadableSpan) -> int:
 
 def span_weight(span: Queued) -> int:
     """A queued span's weight, in :data:`SPAN_BYTES` units (at least 1)."""
-    if type(span) is tuple:  # encoded as it ended (otlp_fast.span_entry): its bytes are what it holds
+    if type(span) is tuple:  # encoded as it ended (otlp_spans.span_entry): its bytes are what it holds
         return 1 + len(span[0]) // SPAN_BYTES
     # Only spans with events are measured: they are rare (failed tasks), and measuring
     # every span would cost the export path on the hot side of a 10^6-task graph.

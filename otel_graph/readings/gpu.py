@@ -68,7 +68,7 @@ from otel_graph.readings.guard import Switch, guarded
 
 __all__ = ["observe_gpus", "gpu_status"]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("otel_graph.gpu")  # the name it has always logged under
 
 ENV_GPU = OTEL_GRAPH_GPU  # also read here: a worker process may run with no Settings of ours
 _OFF = {"0", "false", "no", "off", ""}  # what otel_graph.config.parse_bool reads as false

@@ -112,7 +112,7 @@ def _bytes(value: float) -> str:
 
 def _table(out: TextIO, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
     rows = [[_cell(cell) for cell in row] for row in rows]
-    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows, strict=True)]
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows, strict=False)]
     line = "  ".join(f"{{:<{w}}}" if i == 0 else f"{{:>{w}}}" for i, w in enumerate(widths))
     out.write(line.format(*header) + "\n")
     for row in rows:

@@ -154,43 +154,44 @@ class Aside:
         if not aside:
             return
         items = aside[1:]
+        drainer = self._drainer
         try:
-            batch = self._drainer.emitter.encoded_batch(aside[0])
+            batch = drainer.emitter.encoded_batch(aside[0])
         except Exception:  # none of them can be made: lost, and counted
-            self._drainer.processing_errors += len(items) - 1  # and one by make()
+            drainer.processing_errors += len(items) - 1  # and one by make()
             with self._lock:
                 self.spans -= sum(len(tasks) + 1 for _, _, tasks in items)
             raise
         made = 0
         runs: list[Run] = []
         computes: list[tuple[str, bool, float]] = []
-        encode, label = self._drainer.task_encoder.encode, self._drainer.metrics.label
+        encode, label = drainer.task_encoder.encode, drainer.metrics.label
         try:
             for root, scheduler, tasks in items:
-                if self._drainer.halt:
+                if drainer.halt:
                     break  # stop(drain=False): the rest stay counted as unbuilt
                 made += len(tasks) + 1
                 failed = False
                 try:
                     done = self._spans_of(batch, root, scheduler, tasks, label, encode)
                 except Exception:
-                    self._drainer.processing_errors += 1
+                    drainer.processing_errors += 1
                     logger.debug("otel_graph: failed to process a compute", exc_info=True)
                     done, failed = None, True
                     root[5]["otel_graph.processing_error"] = True  # its root still ends, marked
                     try:
                         batch.add(*root, (), UNSET_STATUS)
                     except Exception as exc:
-                        self._drainer.span_failed(exc)
+                        drainer.span_failed(exc)
                 if done:
                     runs += done
                 computes.append((scheduler, failed, (root[4] - root[3]) / 1e9))
-            self._drainer.metrics.record_computes(computes, runs)
+            drainer.metrics.record_computes(computes, runs)
         finally:
             with self._lock:
                 self.spans -= made
             if batch:
-                self._drainer.queue_batch(batch)
+                drainer.queue_batch(batch)
 
     def _spans_of(self, batch: Any, root: tuple[Any, ...], scheduler: str,
                   tasks: tuple[tuple[tuple[Any, ...], TaskFacts], ...], label: Any, encode: Any) -> list[Run]:

@@ -42,13 +42,13 @@ from otel_graph.telemetry.policy import Aggregate
 
 
 @lru_cache(maxsize=4096)
-def _worker_id(worker: int | str) -> str:
+def worker_text(worker: int | str) -> str:
     return str(worker)
 
 
 # Distributed reports a result type's __qualname__, which may be set to any string, a
 # lone surrogate included; there are few distinct types.
-_type_text = lru_cache(maxsize=1024)(safe_text)
+type_text = lru_cache(maxsize=1024)(safe_text)
 
 # A key is rendered once as its own span's key and again in each dependent's list.
 _rendered = lru_cache(maxsize=1 << 14)(key_to_str)
@@ -67,11 +67,11 @@ def run_attributes(ev: Any, prefix: str) -> dict[str, Any]:
     attributes: dict[str, Any] = {
         "dask.task.key": key_text(ev.key),
         "dask.task.prefix": prefix,
-        "dask.worker.id": _worker_id(ev.worker),
+        "dask.worker.id": worker_text(ev.worker),
         "thread.id": ev.thread,
     }
     if ev.error is None:
-        attributes["dask.task.type"] = _type_text(ev.type_name)
+        attributes["dask.task.type"] = type_text(ev.type_name)
         if 0 <= ev.nbytes <= INT64_MAX:
             attributes["dask.task.nbytes"] = ev.nbytes
     else:

@@ -220,7 +220,7 @@ class Drainer:
         if plan is not None:
             plan.add(events, prefixes)
             return
-        for ev, prefix in zip(events, prefixes, strict=True):
+        for ev, prefix in zip(events, prefixes, strict=False):
             self._task_span(record, ev, prefix)
 
     def _whole_tasks(self, record: ComputeRecord, taken: list[tuple[Any, ...]], batch: Any) -> list[Run] | None:

@@ -103,7 +103,7 @@ class TaskMetrics:
     def record_tasks(self, events: Sequence[TaskEvent], prefixes: Sequence[str], scheduler: str) -> None:
         admitted = self._prefixes  # label()'s test, inline: a large compute's drain asks it per task
         self.record_runs([(prefix if prefix in admitted else self._admit(prefix), scheduler, ev.error is not None,
-                           ev.end_ns - ev.start_ns, ev.nbytes) for ev, prefix in zip(events, prefixes, strict=True)])
+                           ev.end_ns - ev.start_ns, ev.nbytes) for ev, prefix in zip(events, prefixes, strict=False)])
 
     def record_runs(self, runs: list[Run]) -> None:
         """Task runs as :data:`Run` tuples, labelled by :meth:`label`, in the order their tasks were labelled."""

@@ -138,7 +138,7 @@ class SpanPlan(Generic[R]):
         """Route a batch of events: spans now, slow candidates to the heap, the rest folded."""
         folded: dict[str, list[R]] = {}
         slowest, capacity, keep = self._slowest, self._slow_capacity, self._keep
-        for ev, prefix in zip(events, prefixes, strict=True):
+        for ev, prefix in zip(events, prefixes, strict=False):
             if self._unlimited or ev.error is not None or (keep and ev.key in keep):
                 self._span(ev, prefix)
                 continue

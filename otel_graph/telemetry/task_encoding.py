@@ -25,7 +25,7 @@ from typing import Any
 from otel_graph.export.otlp_spans import encoded_attribute, encoded_attributes, keyed_string
 from otel_graph.export.otlp_wire import attribute_head
 from otel_graph.naming import INT64_MAX, MAX_DEPENDENCIES
-from otel_graph.telemetry.attributes import TaskFacts, _type_text, _worker_id, dependency_keys, key_text, task_facts
+from otel_graph.telemetry.attributes import TaskFacts, dependency_keys, key_text, task_facts, type_text, worker_text
 from otel_graph.telemetry.events import AT_KEY, AT_NBYTES, AT_THREAD, AT_TYPE, AT_WORKER
 
 #: Entries each cache keeps at most; past it, it starts again empty.
@@ -61,8 +61,8 @@ class TaskAttributeEncoder:
         where = self._where.get((prefix, worker, thread, type_name))
         if where is None:
             where = _remember(self._where, (prefix, worker, thread, type_name), encoded_attributes({
-                "dask.task.prefix": prefix, "dask.worker.id": _worker_id(worker), "thread.id": thread,
-                "dask.task.type": _type_text(type_name)}, memo))
+                "dask.task.prefix": prefix, "dask.worker.id": worker_text(worker), "thread.id": thread,
+                "dask.task.type": type_text(type_name)}, memo))
         parts.append(where)
         nbytes = ev[AT_NBYTES]
         if 0 <= nbytes <= INT64_MAX:

@@ -96,7 +96,7 @@ class Tracker:
         self._early: dict[ComputeRecord, None] = {}
         self._early_events = early_drain_tasks
         # Insertion-ordered and O(1) to find and forget: a tight loop of tiny computes can
-        # leave thousands pending, and a list's scan per forget made draining them quadratic.
+        # leave thousands pending, and a scan per forget would make draining them quadratic.
         self._records: dict[ComputeRecord, None] = {}
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -379,8 +379,8 @@ class Tracker:
 
     def _release(self) -> None:
         # Free records (their task records, graphs and results) now, inside the exit hook and
-        # its time budget: left to the interpreter's teardown, freeing a compute's 10^5 task
-        # records stretched an exit past 2 s with the collector down.
+        # its time budget: left to the interpreter's teardown, freeing a large compute's task
+        # records would take seconds past it.
         for record in list(self._records):
             record.sink = []
             self._forget(record)

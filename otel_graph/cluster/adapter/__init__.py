@@ -18,6 +18,9 @@ each listing what it reads:
 The rest of :mod:`otel_graph.cluster` calls them through this package
 (``from otel_graph.cluster import adapter``; ``adapter.task_run(...)``), which names them
 all. Every function here tolerates a missing field by returning less, never by raising.
+
+May import: only what it hands back (:mod:`otel_graph.telemetry.events`' error record) and
+``naming``: the rest of the cluster code imports it, never the other way.
 """
 
 from __future__ import annotations
