@@ -46,7 +46,7 @@ PYTEST := -m pytest -n $(TEST_WORKERS) --dist loadgroup
 # The versions a run names before it starts, so that its log says what it tested.
 SHOWN := dask|distributed|opentelemetry-sdk|opentelemetry-exporter-otlp-proto-grpc|grpcio|protobuf|cloudpickle|psutil
 
-.PHONY: lint test test-fast test-latest test-oldest peer-test demo venv lock bench clean
+.PHONY: lint docs test test-fast test-latest test-oldest peer-test demo venv lock bench clean
 
 $(UV):
 	$(PYTHON) -m venv $(UV_HOME)
@@ -75,12 +75,17 @@ venv: $(STAMP)
 # Lint first, in seconds, so that the suite's minutes are not spent on code that fails it:
 # ruff (style, import order, likely bugs) over everything, mypy (types) over the package.
 # Their versions are pinned in pyproject.toml's lint extra.
-LINTED := otel_graph tests benchmarks
+LINTED := otel_graph tests benchmarks docs
 lint: $(STAMP)
 	$(VENV)/bin/ruff check $(LINTED)
 	$(VENV)/bin/mypy
 
-test: lint $(STAMP) $(SYSTEM) $(NODE_STAMP)
+# The docs site, into docs/_build/html. Warnings are errors, and make test builds it: a
+# broken page or reference fails the run.
+docs: $(STAMP)
+	$(VENV)/bin/sphinx-build -W --keep-going -q -b html docs docs/_build/html
+
+test: lint docs $(STAMP) $(SYSTEM) $(NODE_STAMP)
 	$(VENV)/bin/python $(PYTEST) $(PYTEST_ARGS)
 
 # Everything but the cases marked slow (worker exits, fault and scale runs, alerts firing).
@@ -144,4 +149,4 @@ demo: $(STAMP)
 	$(VENV)/bin/otel-graph demo
 
 clean:
-	rm -rf $(VENV) $(LATEST_VENV) $(OLDEST_VENV) $(OLDEST_LOCAL_VENV) $(PEER_VENV) .tools .pytest_cache .mypy_cache .ruff_cache otel-graph-out
+	rm -rf $(VENV) $(LATEST_VENV) $(OLDEST_VENV) $(OLDEST_LOCAL_VENV) $(PEER_VENV) .tools .pytest_cache .mypy_cache .ruff_cache otel-graph-out docs/_build
