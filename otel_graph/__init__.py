@@ -44,7 +44,7 @@ API
 
 Configuration
 -------------
-See :mod:`otel_graph.config` and the README for every variable. At interpreter exit,
+Every variable is in :mod:`otel_graph.config` and on the docs' configuration page. At interpreter exit,
 what is left is delivered within ``OTEL_GRAPH_EXIT_TIMEOUT`` seconds of no progress,
 and one warning says how many spans and points were not delivered.
 """

@@ -17,9 +17,12 @@ Two families of variables matter:
   (``OTEL_SDK_DISABLED``, ``OTEL_METRIC_EXPORT_INTERVAL``, ``OTEL_EXPORTER_PROMETHEUS_PORT``),
   and reads the exporter lists as the SDK does (:func:`exporter_names`).
 
-* **Our own ``OTEL_GRAPH_*`` variables**, documented in :data:`OWN_VARIABLES` and
-  in the README. Each has a keyword-only twin in ``instrument_scheduler(**options)``;
-  an explicit option wins over the environment.
+* **Our own ``OTEL_GRAPH_*`` variables**, documented in :data:`OWN_VARIABLES`. Each but
+  ``OTEL_GRAPH_FILE_DIR`` has a keyword-only twin in ``instrument_scheduler(**options)``
+  (:data:`OPTIONS`); an explicit option wins over the environment.
+
+The docs' configuration page is generated from :data:`OWN_VARIABLES`, :data:`OPTIONS`,
+:data:`STANDARD_VARIABLES` and :data:`CHOICES`: a variable added here appears there.
 
 :func:`load_settings` reads the environment once and returns an immutable
 :class:`Settings`. Nothing else in the package reads ``os.environ`` for these names.
@@ -77,8 +80,46 @@ OWN_VARIABLES: Mapping[str, str] = {
     "OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER lists `otlp_file`. Default `otel-graph-out`.",
 }
 
-# --- standard variables we validate -------------------------------------------
-_CHOICES: Mapping[str, tuple[str, ...]] = {
+# --- standard variables ----------------------------------------------------------
+#: The standard variables otel_graph reads or honours, and what it does with them: the SDK and
+#: its exporters read most of them; where otel_graph builds the SDK it checks their values first.
+STANDARD_VARIABLES: Mapping[str, str] = {
+    "OTEL_EXPORTER_OTLP_ENDPOINT": "Where to send, with `_TRACES_`/`_METRICS_` variants per signal. "
+    "Default `http://localhost:4317`.",
+    "OTEL_EXPORTER_OTLP_PROTOCOL": "`grpc` (default) or `http/protobuf`, with per-signal variants.",
+    "OTEL_EXPORTER_OTLP_HEADERS": "Transport, with `_TIMEOUT`, `_COMPRESSION`, `_INSECURE`, `_CERTIFICATE`, "
+    "`_CLIENT_KEY`, `_CLIENT_CERTIFICATE` and per-signal variants. Header values are never printed, not even in "
+    "errors; `_INSECURE` takes `true` or `false` only (the exporters read any other value as false, so `1` would "
+    "quietly mean TLS).",
+    "OTEL_SERVICE_NAME": "The resource's `service.name` (default `dask`), with `OTEL_RESOURCE_ATTRIBUTES`; "
+    "`service.instance.id`, `process.pid` and `host.name` are added.",
+    "OTEL_TRACES_EXPORTER": "A comma-separated list, as the SDK reads it (every exporter named gets every span): "
+    "`otlp` (default), `otlp_proto_grpc`, `otlp_proto_http`, `console`, `otlp_file` (OTLP JSON lines, see "
+    "OTEL_GRAPH_FILE_DIR), any name an installed package registers in the `opentelemetry_traces_exporter` "
+    "entry-point group; or `none`.",
+    "OTEL_METRICS_EXPORTER": "The same, for metrics: `otlp` (default), `otlp_proto_grpc`, `otlp_proto_http`, "
+    "`console`, `otlp_file`, `prometheus` (a pull endpoint on OTEL_EXPORTER_PROMETHEUS_HOST/_PORT, default "
+    "`localhost:9464`; needs the `prometheus` extra), any name in `opentelemetry_metrics_exporter`; or `none`. A "
+    "pull reader of another package's gets no `dask.task.duration` or `dask.compute.duration`: otel_graph "
+    "pre-aggregates those for push exporters and its own Prometheus reader. With several exporters, `stats()` "
+    "counts add up over them.",
+    "OTEL_METRIC_EXPORT_INTERVAL": "Milliseconds between metric exports. Default here 1000.",
+    "OTEL_METRIC_EXPORT_TIMEOUT": "Milliseconds a metric export may take, as the SDK reads it; a positive number.",
+    "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE": "`cumulative` (default), `delta` or `lowmemory`, as "
+    "the OTLP metric exporter reads it.",
+    "OTEL_EXPORTER_PROMETHEUS_HOST": "Where the `prometheus` metrics exporter serves `/metrics`, with "
+    "OTEL_EXPORTER_PROMETHEUS_PORT (a TCP port 1-65535). Default `localhost:9464`.",
+    "OTEL_TRACES_SAMPLER": "Sampling, with OTEL_TRACES_SAMPLER_ARG, decided per compute: a trace is whole or absent.",
+    "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT": "The SDK's span limits, with OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT, "
+    "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT, OTEL_SPAN_EVENT_COUNT_LIMIT and OTEL_EVENT_ATTRIBUTE_COUNT_LIMIT: "
+    "applied to every span otel_graph makes, task spans too (built without the SDK's `Span`), as the SDK "
+    "applies them.",
+    "OTEL_SDK_DISABLED": "`true`: Dask is left untouched (`true` or `false` only, as the SDK reads it).",
+}
+
+#: The standard variables whose values otel_graph checks before the SDK reads them, and what
+#: each accepts (the SDK would ignore a bad one, or fail inside an export thread).
+CHOICES: Mapping[str, tuple[str, ...]] = {
     "OTEL_EXPORTER_OTLP_PROTOCOL": ("grpc", "http/protobuf"),
     "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": ("grpc", "http/protobuf"),
     "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": ("grpc", "http/protobuf"),
@@ -200,7 +241,7 @@ def parse_seconds(name: str, value: str | float | None, default: float, *,
 def check_sdk_environment(env: Mapping[str, str] | None = None) -> None:
     """Refuse, naming the variable, a standard value the SDK otel_graph builds would choke on."""
     env = os.environ if env is None else env
-    for name, accepted in _CHOICES.items():
+    for name, accepted in CHOICES.items():
         value = env.get(name)
         if value is not None and value.strip().lower() not in accepted:
             raise _invalid(name, value, ", ".join(accepted))
@@ -286,7 +327,8 @@ class Settings:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
-_OPTION_NAMES = {
+#: Each keyword option of ``instrument_scheduler()`` and the variable it stands in for.
+OPTIONS: Mapping[str, str] = {
     "max_task_spans": OTEL_GRAPH_MAX_TASK_SPANS,
     "max_queued_spans": OTEL_GRAPH_MAX_QUEUED_SPANS,
     "exit_timeout_s": OTEL_GRAPH_EXIT_TIMEOUT,
@@ -304,21 +346,21 @@ def load_settings(env: Mapping[str, str] | None = None, **options: Any) -> Setti
     Raises :class:`ConfigurationError` for any bad value or unknown option.
     """
     env = os.environ if env is None else env
-    unknown = sorted(set(options) - set(_OPTION_NAMES))
+    unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
         raise ConfigurationError(
-            f"unknown option(s) {', '.join(unknown)}; accepted: {', '.join(sorted(_OPTION_NAMES))}"
+            f"unknown option(s) {', '.join(unknown)}; accepted: {', '.join(sorted(OPTIONS))}"
         )
     _check_interpreted(env)
 
     def raw(option: str) -> Any:
-        return options[option] if option in options else env.get(_OPTION_NAMES[option])
+        return options[option] if option in options else env.get(OPTIONS[option])
 
     def flag(option: str, default: bool) -> bool:
         value = raw(option)
         if value is None:
             return default
-        return value if isinstance(value, bool) else parse_bool(_OPTION_NAMES[option], str(value))
+        return value if isinstance(value, bool) else parse_bool(OPTIONS[option], str(value))
 
     queued = parse_limit(OTEL_GRAPH_MAX_QUEUED_SPANS, raw("max_queued_spans"), 100_000)
     interval = env.get("OTEL_METRIC_EXPORT_INTERVAL")

@@ -137,7 +137,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from otel_graph import config as config_module  # noqa: E402
 
-VARIABLES = sorted({*config_module._CHOICES, *config_module._BOOLEANS, *config_module._POSITIVE_NUMBERS,
+VARIABLES = sorted({*config_module.CHOICES, *config_module._BOOLEANS, *config_module._POSITIVE_NUMBERS,
                     *config_module._KEY_VALUE_LISTS, *config_module._ENDPOINTS, *config_module._FILES,
                     *config_module.OWN_VARIABLES, "OTEL_TRACES_SAMPLER_ARG", "OTEL_EXPORTER_PROMETHEUS_PORT",
                     "OTEL_EXPORTER_PROMETHEUS_HOST"})
@@ -173,3 +173,25 @@ def test_any_value_of_any_variable_is_accepted_or_refused_clearly(name, value):
     for timing in (loaded.exit_timeout_s, loaded.drain_interval_s, loaded.metric_export_interval_ms / 1000):
         assert math.isfinite(timing) and 0 < timing <= threading.TIMEOUT_MAX
     assert 0 < loaded.prometheus_port < 65536
+
+
+def test_every_variable_the_package_reads_is_in_the_configuration_catalogue():
+    """The docs' configuration page is generated from these catalogues: a variable read
+    anywhere in the package and missing from them would be undocumented."""
+    import re
+    from pathlib import Path
+
+    source = "\n".join(path.read_text(encoding="utf-8")
+                       for path in Path(config_module.__file__).parent.rglob("*.py"))
+    read = set(re.findall(r"[\"'](OTEL_[A-Z0-9_]+)", source))
+    catalogue = " ".join([*config_module.OWN_VARIABLES, *config_module.OWN_VARIABLES.values(),
+                          *config_module.STANDARD_VARIABLES, *config_module.STANDARD_VARIABLES.values()])
+
+    def documented(name: str) -> bool:
+        # A per-signal variant is documented with its general variable ("with per-signal variants").
+        general = name.replace("_TRACES_", "_").replace("_METRICS_", "_")
+        suffix = general.removeprefix("OTEL_EXPORTER_OTLP")
+        return name in catalogue or general in catalogue or f"`{suffix}`" in catalogue
+
+    assert sorted(name for name in read if not documented(name)) == []
+    assert set(config_module.OPTIONS.values()) <= set(config_module.OWN_VARIABLES)
