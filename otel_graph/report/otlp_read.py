@@ -353,10 +353,14 @@ def _id(value: Any, name: str) -> str:
     return value
 
 
+def _resource(entry: dict[str, Any]) -> dict[str, str]:
+    """The kept attributes of a ``resourceSpans`` or ``resourceMetrics`` entry's resource, as text."""
+    return {k: str(v) for k, v in _attributes(entry.get("resource", {}).get("attributes", ()), KEPT_RESOURCE).items()}
+
+
 def _spans_of(request: dict[str, Any], unusable: Counter[str]) -> Iterator[Span]:
     for resource_spans in request.get("resourceSpans", ()):
-        resource = {k: str(v) for k, v in _attributes(resource_spans.get("resource", {}).get("attributes", ()),
-                                                       KEPT_RESOURCE).items()}
+        resource = _resource(resource_spans)
         for scope_spans in resource_spans.get("scopeSpans", ()):
             for span in scope_spans.get("spans", ()):
                 try:
@@ -375,8 +379,7 @@ def _spans_of(request: dict[str, Any], unusable: Counter[str]) -> Iterator[Span]
 
 def _points_of(request: dict[str, Any], unusable: Counter[str]) -> Iterator[Point]:
     for resource_metrics in request.get("resourceMetrics", ()):
-        resource = {k: str(v) for k, v in _attributes(resource_metrics.get("resource", {}).get("attributes", ()),
-                                                       KEPT_RESOURCE).items()}
+        resource = _resource(resource_metrics)
         for scope_metrics in resource_metrics.get("scopeMetrics", ()):
             for metric in scope_metrics.get("metrics", ()):
                 for kind in ("gauge", "sum"):
