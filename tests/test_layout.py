@@ -4,8 +4,8 @@ The layout (each package's ``__init__`` docstring says the same in words):
 
 - at the top, the public API and the command (``otel_graph``, ``instrumentation``,
   ``instrumentor``, ``cli``, ``demo``): they may import anything, and nothing imports them;
-- beside them, what every part shares (``config``, ``errors``, ``naming``, ``_version``): any
-  module may import these, and they import only one another;
+- beside them, what every part shares (``config``, ``conventions``, ``errors``, ``naming``,
+  ``_version``): any module may import these, and they import only one another;
 - the concern packages, each importing only those :data:`MAY_IMPORT` names for it.
 
 Every ``import`` and ``from ... import`` statement in ``otel_graph`` counts, those inside
@@ -129,7 +129,7 @@ def test_no_import_cycle() -> None:
     assert cycles(import_graph()) == set()
 
 
-SHARED = frozenset({"config", "errors", "naming", "_version"})
+SHARED = frozenset({"config", "conventions", "errors", "naming", "_version"})
 #: Each concern package and what else it may import, as its ``__init__`` docstring says: data
 #: flows from Dask's schedulers (capture, cluster) through telemetry to export; readings and
 #: the report stand alone, the report without even the configuration.
@@ -137,7 +137,7 @@ MAY_IMPORT = {
     "cluster": {"telemetry", "readings", "export", *SHARED},
     "capture": {"telemetry", "readings", "export", *SHARED},
     "telemetry": {"readings", "export", *SHARED},
-    "readings": {"config", "errors"},
+    "readings": {"config", "conventions", "errors"},
     "export": {"config", "errors", "naming"},
     "report": {"naming", "errors"},
 }

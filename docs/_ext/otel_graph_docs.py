@@ -10,6 +10,15 @@ configuration page cannot drift from what ``load_settings`` reads:
 * ``{otel-graph-checked-variables}``: those whose values it checks, with what each accepts
   (``CHOICES``).
 
+Four render :mod:`otel_graph.conventions`, the names the telemetry carries (the tests hold
+it to what real computes emit), for the telemetry reference:
+
+* ``{otel-graph-span} KIND``: one kind of span (``compute``, ``task``...): its name, where it
+  is made, what it is, and its attributes and events;
+* ``{otel-graph-events}``: every span event and its attributes;
+* ``{otel-graph-metrics}``: every instrument, its kind, unit, attributes and meaning;
+* ``{otel-graph-resource}``: the resource attributes set where otel_graph builds the SDK.
+
 Text between backticks in the catalogues is shown as code.
 """
 
@@ -80,7 +89,65 @@ class CheckedVariables(Directive):
         return [_table(("variable", "accepted values"), rows, code_columns=1)]
 
 
+def _codes(names: Sequence[str]) -> str:
+    return ", ".join(f"`{name}`" for name in names)
+
+
+def _attribute_rows(names: Sequence[str]) -> list[tuple[str, str, str]]:
+    from otel_graph.conventions import ATTRIBUTES
+
+    return [(name, ATTRIBUTES[name].type, ATTRIBUTES[name].brief) for name in names]
+
+
+class SpanKind(Directive):
+    required_arguments = 1
+
+    def run(self) -> list[Any]:
+        from otel_graph.conventions import SPANS
+
+        kind = self.arguments[0]
+        if kind not in SPANS:
+            raise self.error(f"no span kind {kind!r} in otel_graph.conventions.SPANS: {', '.join(SPANS)}")
+        span = SPANS[kind]
+        name = span.name if " " in span.name or "`" in span.name else f"`{span.name}`"
+        out: list[Any] = [_cell(f"Name: {name}. On: {span.where}. {span.brief}", code=False),
+                          _table(("attribute", "type", "meaning"), _attribute_rows(span.attributes),
+                                 code_columns=2)]
+        if span.events:
+            out.append(_cell(f"Events: {_codes(span.events)} (see below).", code=False))
+        return out
+
+
+class Events(Directive):
+    def run(self) -> list[Any]:
+        from otel_graph.conventions import EVENTS
+
+        rows = [(name, _codes(event.attributes), event.brief) for name, event in EVENTS.items()]
+        return [_table(("event", "attributes", "meaning"), rows, code_columns=1)]
+
+
+class Metrics(Directive):
+    def run(self) -> list[Any]:
+        from otel_graph.conventions import METRICS
+
+        rows = [(name, metric.unit, metric.instrument, _codes(metric.attributes),
+                 metric.brief + ("" if metric.where == "every scheduler" else f" ({metric.where})"))
+                for name, metric in METRICS.items()]
+        return [_table(("metric", "unit", "instrument", "attributes", "meaning"), rows, code_columns=2)]
+
+
+class Resource(Directive):
+    def run(self) -> list[Any]:
+        from otel_graph.conventions import RESOURCE
+
+        return [_table(("resource attribute", "value"), list(RESOURCE.items()), code_columns=1)]
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
+    app.add_directive("otel-graph-span", SpanKind)
+    app.add_directive("otel-graph-events", Events)
+    app.add_directive("otel-graph-metrics", Metrics)
+    app.add_directive("otel-graph-resource", Resource)
     app.add_directive("otel-graph-variables", OwnVariables)
     app.add_directive("otel-graph-standard-variables", StandardVariables)
     app.add_directive("otel-graph-checked-variables", CheckedVariables)

@@ -43,6 +43,7 @@ from typing import Any
 
 from opentelemetry.metrics import Observation
 
+from otel_graph import conventions
 from otel_graph.cluster import adapter
 from otel_graph.naming import OTHER_PREFIXES
 
@@ -51,11 +52,7 @@ logger = logging.getLogger("otel_graph")
 #: Task prefixes each instrument keeps apart per scheduler (times activities, about eight).
 MAX_PREFIXES = 200
 #: unit in distributed's key -> instrument.
-_INSTRUMENTS = {
-    "seconds": ("dask.activity.time", "s", "Time workers spent, by activity (fine performance metrics)."),
-    "bytes": ("dask.activity.size", "By", "Bytes workers handled, by activity (fine performance metrics)."),
-    "count": ("dask.activity.count", "{event}", "Events workers counted, by activity (fine performance metrics)."),
-}
+_INSTRUMENTS = {"seconds": "dask.activity.time", "bytes": "dask.activity.size", "count": "dask.activity.count"}
 Key = tuple[str, ...]  # (span name, context, prefix or phase, activity)
 
 
@@ -122,6 +119,5 @@ def observe(meter: Any, schedulers: Callable[[], list[Any]]) -> None:
                         logger.warning("otel_graph: distributed's fine performance metrics are unreadable: %s", exc)
         return cache.get(unit, [])
 
-    for unit, (name, symbol, description) in _INSTRUMENTS.items():
-        meter.create_observable_counter(name, [lambda options, unit=unit: read(unit)], unit=symbol,
-                                        description=description)
+    for unit, name in _INSTRUMENTS.items():
+        conventions.observe(meter, name, [lambda options, unit=unit: read(unit)])

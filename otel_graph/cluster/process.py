@@ -30,6 +30,7 @@ from opentelemetry.metrics import Observation
 from otel_graph.cluster import adapter
 from otel_graph.cluster.deliveries import Deliveries, MetricDeliveries
 from otel_graph.config import exit_timeout
+from otel_graph.conventions import observe
 
 logger = logging.getLogger("otel_graph")
 
@@ -293,12 +294,9 @@ def _observe_spill(meter_provider: Any) -> None:
 
         return callback
 
-    meter.create_observable_counter("dask.worker.spill.io", [reading("bytes")], unit="By",
-                                    description="Bytes this worker wrote to or read from its spill disk.")
-    meter.create_observable_counter("dask.worker.spill.operations", [reading("count")], unit="{operation}",
-                                    description="Keys this worker spilled to or read back from disk.")
-    meter.create_observable_counter("dask.worker.spill.time", [reading("seconds")], unit="s",
-                                    description="Time this worker spent spilling and unspilling.")
+    observe(meter, "dask.worker.spill.io", [reading("bytes")])
+    observe(meter, "dask.worker.spill.operations", [reading("count")])
+    observe(meter, "dask.worker.spill.time", [reading("seconds")])
 
 
 _SPILL_OBSERVED: weakref.WeakSet = weakref.WeakSet()

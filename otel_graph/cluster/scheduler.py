@@ -62,6 +62,7 @@ from otel_graph.cluster.propagation import (
     traceparent_of,
     unseal_env,
 )
+from otel_graph.conventions import observe
 from otel_graph.naming import OTHER_PREFIXES
 
 logger = logging.getLogger("otel_graph")
@@ -138,14 +139,10 @@ def observe_scheduler(meter_provider: Any, meter: Any) -> None:
     if meter_provider in _GAUGED:
         return
     _GAUGED.add(meter_provider)
-    meter.create_observable_gauge("dask.scheduler.tasks", [_tasks], unit="{task}",
-                                  description="Tasks the scheduler holds, by state.")
-    meter.create_observable_gauge("dask.scheduler.workers", [_workers], unit="{worker}",
-                                  description="Workers connected to the scheduler.")
-    meter.create_observable_gauge("dask.worker.memory.usage", [_memory], unit="By",
-                                  description="Worker memory as the scheduler sees it: managed, unmanaged, spilled.")
-    meter.create_observable_gauge("dask.worker.memory.limit", [_limits], unit="By",
-                                  description="Each worker's memory limit.")
+    observe(meter, "dask.scheduler.tasks", [_tasks])
+    observe(meter, "dask.scheduler.workers", [_workers])
+    observe(meter, "dask.worker.memory.usage", [_memory])
+    observe(meter, "dask.worker.memory.limit", [_limits])
     fine_metrics.observe(meter, _each_scheduler)
 
 

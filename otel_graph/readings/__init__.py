@@ -5,6 +5,6 @@
 reading's callback shares: a switch that silences it and failures counted, never raised into
 the SDK's collection.
 
-May import: only the shared modules at the top (``config``, ``errors``). Knows nothing of Dask
-or of how the readings are exported.
+May import: only the shared modules at the top (``config``, ``conventions``, ``errors``).
+Knows nothing of Dask or of how the readings are exported.
 """

@@ -64,6 +64,7 @@ from typing import Any
 from opentelemetry.metrics import Meter, Observation
 
 from otel_graph.config import OTEL_GRAPH_GPU
+from otel_graph.conventions import observe
 from otel_graph.readings.guard import Switch, guarded
 
 __all__ = ["observe_gpus", "gpu_status"]
@@ -80,20 +81,14 @@ DeviceReading = Callable[[Any, Any], float | None]
 def observe_gpus(meter: Meter, *, switch: Switch | None = None) -> Callable[[], None]:
     """Create the ``hw.gpu.*`` instruments on ``meter``; return a ``stop()`` that silences them."""
     switch, nvml = switch or Switch(), _NVML
-    gauge, updown = meter.create_observable_gauge, meter.create_observable_up_down_counter
-    instruments: list[tuple[Callable[..., Any], str, str, DeviceReading, str]] = [
-        (gauge, "hw.gpu.utilization", "1",
-         lambda pynvml, handle: pynvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100,
-         "Fraction of time the GPU was busy."),
-        (updown, "hw.gpu.memory.usage", "By",
-         lambda pynvml, handle: pynvml.nvmlDeviceGetMemoryInfo(handle).used, "GPU memory used."),
-        (updown, "hw.gpu.memory.limit", "By",
-         lambda pynvml, handle: pynvml.nvmlDeviceGetMemoryInfo(handle).total, "Size of the GPU memory."),
-        (gauge, "hw.gpu.memory.utilization", "1", _memory_utilization, "Fraction of GPU memory used."),
-    ]  # fmt: skip
-    for create, name, unit, read, description in instruments:
-        callback = guarded(name, partial(nvml.observe, name, read), switch)
-        create(name, [callback], unit=unit, description=description)
+    instruments: list[tuple[str, DeviceReading]] = [
+        ("hw.gpu.utilization", lambda pynvml, handle: pynvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100),
+        ("hw.gpu.memory.usage", lambda pynvml, handle: pynvml.nvmlDeviceGetMemoryInfo(handle).used),
+        ("hw.gpu.memory.limit", lambda pynvml, handle: pynvml.nvmlDeviceGetMemoryInfo(handle).total),
+        ("hw.gpu.memory.utilization", _memory_utilization),
+    ]
+    for name, read in instruments:
+        observe(meter, name, [guarded(name, partial(nvml.observe, name, read), switch)])
     return switch.stop
 
 

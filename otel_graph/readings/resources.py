@@ -62,6 +62,7 @@ from typing import Any
 import psutil
 from opentelemetry.metrics import Meter, Observation
 
+from otel_graph.conventions import observe
 from otel_graph.readings.gpu import observe_gpus
 from otel_graph.readings.guard import Reading, Switch, guarded, reading_errors
 
@@ -89,24 +90,16 @@ def observe_resources(meter: Meter, *, gpu: bool = True, switch: Switch | None =
     """
     switch = switch or Switch()
     system_cpu, process_cpu, process = _SystemCpu(), _ProcessCpu(), _ThisProcess()
-    gauge, updown = meter.create_observable_gauge, meter.create_observable_up_down_counter
-    instruments: list[tuple[Callable[..., Any], str, str, Reading, str]] = [
-        (gauge, "process.cpu.utilization", "1", process_cpu.read,
-         "Difference in process.cpu.time since the last measurement, divided by the "
-         "elapsed time and number of CPUs available to the process."),
-        (updown, "process.memory.usage", "By", lambda: [Observation(process.get().memory_info().rss)],
-         "The amount of physical memory in use."),
-        (updown, "process.memory.virtual", "By", lambda: [Observation(process.get().memory_info().vms)],
-         "The amount of committed virtual memory."),
-        (gauge, "system.cpu.utilization", "1", system_cpu.read,
-         "Fraction of all CPUs' time spent in each mode since the last measurement."),
-        (updown, "system.memory.usage", "By", lambda: _system_memory(fraction=False),
-         "Reports memory in use by state."),
-        (gauge, "system.memory.utilization", "1", lambda: _system_memory(fraction=True),
-         "Fraction of memory bytes in each state."),
-    ]  # fmt: skip
-    for create, name, unit, read, description in instruments:
-        create(name, [guarded(name, read, switch)], unit=unit, description=description)
+    instruments: list[tuple[str, Reading]] = [
+        ("process.cpu.utilization", process_cpu.read),
+        ("process.memory.usage", lambda: [Observation(process.get().memory_info().rss)]),
+        ("process.memory.virtual", lambda: [Observation(process.get().memory_info().vms)]),
+        ("system.cpu.utilization", system_cpu.read),
+        ("system.memory.usage", lambda: _system_memory(fraction=False)),
+        ("system.memory.utilization", lambda: _system_memory(fraction=True)),
+    ]
+    for name, read in instruments:
+        observe(meter, name, [guarded(name, read, switch)])
     if not gpu:
         return switch.stop
     observe_gpus(meter, switch=switch)

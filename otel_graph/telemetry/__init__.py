@@ -15,5 +15,5 @@
   shared by the handle at the top and by :mod:`otel_graph.cluster`.
 
 May import: :mod:`otel_graph.readings`, :mod:`otel_graph.export`, and the shared modules at
-the top (``config``, ``errors``, ``naming``, ``_version``).
+the top (``config``, ``conventions``, ``errors``, ``naming``, ``_version``).
 """

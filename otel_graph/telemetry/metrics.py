@@ -36,6 +36,7 @@ from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
+from otel_graph import conventions
 from otel_graph.export.histograms import HistogramSet, PreAggregatedHistogram
 from otel_graph.naming import INT64_MAX, OTHER_PREFIXES
 from otel_graph.telemetry.events import TaskEvent
@@ -64,11 +65,9 @@ class TaskMetrics:
     """The task and compute histograms, through the API or pre-aggregated (see histograms.py)."""
 
     def __init__(self, meter: Meter, *, histograms: HistogramSet | None = None) -> None:
-        specs = (
-            ("dask.task.duration", "s", "Time a task's function ran.", DURATION_BUCKETS_S),
-            ("dask.task.output.size", "By", "dask.sizeof of a task's result.", SIZE_BUCKETS_BY),
-            ("dask.compute.duration", "s", "Wall time of a compute, end to end.", DURATION_BUCKETS_S),
-        )
+        specs = [(name, conventions.metric(name).unit, conventions.metric(name).brief, bounds) for name, bounds in (
+            ("dask.task.duration", DURATION_BUCKETS_S), ("dask.task.output.size", SIZE_BUCKETS_BY),
+            ("dask.compute.duration", DURATION_BUCKETS_S))]
         self._histograms = histograms
         #: Runs and computes recorded, not yet added to the histograms: (label, scheduler,
         #: failed, duration in ns, nbytes) and (scheduler, failed, seconds), plain values.
@@ -247,20 +246,14 @@ def observe_memory(meter: Meter, held: Callable[[], Iterable[tuple[str, int, int
         # Lying __sizeof__s can add up past OTLP's int64.
         return [Observation(min(v[1], INT64_MAX), {"dask.scheduler": s}) for s, v in current.items()]
 
-    meter.create_observable_up_down_counter(
-        "dask.memory.tasks", callbacks=[tasks], unit="{task}",
-        description="Task results held in memory by running computes.",
-    )
-    meter.create_observable_up_down_counter(
-        "dask.memory.usage", callbacks=[usage], unit="By",
-        description="dask.sizeof of the task results held in memory by running computes.",
-    )
+    conventions.observe(meter, "dask.memory.tasks", [tasks])
+    conventions.observe(meter, "dask.memory.usage", [usage])
 
 
 def observe_delivery(meter: Meter, stats: Callable[[], dict[str, Any]]) -> None:
     """Telemetry health: what our pipeline exported, folded and could not deliver."""
 
-    def counter(name: str, key: str, unit: str, description: str, error_key: str | None) -> None:
+    def counter(name: str, key: str, error_key: str | None) -> None:
         def observe(options: CallbackOptions) -> Iterable[Observation]:
             current = stats()
             if not current:  # nothing of ours exports through this provider right now
@@ -270,16 +263,9 @@ def observe_delivery(meter: Meter, stats: Callable[[], dict[str, Any]]) -> None:
                 points.append(Observation(current.get(error_key, 0), {"error.type": "undelivered"}))
             return points
 
-        meter.create_observable_counter(name, callbacks=[observe], unit=unit, description=description)
+        conventions.observe(meter, name, [observe])
 
-    counter("otel.sdk.exporter.span.exported", "spans_exported", "{span}",
-            "Spans otel_graph exported; error.type=undelivered counts those it gave up on.",
-            "spans_undelivered")
-    counter("otel.sdk.exporter.metric_data_point.exported", "points_exported", "{data_point}",
-            "Metric points exported; error.type=undelivered counts those that failed.",
-            "points_undelivered")
-    counter("dask.task.aggregated", "tasks_aggregated", "{task}",
-            "Tasks past the span budget, represented by aggregate spans.", None)
-    counter("dask.task.recovered", "tasks_recovered", "{task}",
-            "Tasks whose spans a lost worker took with it, represented by spans from the scheduler's count.",
-            None)
+    counter("otel.sdk.exporter.span.exported", "spans_exported", "spans_undelivered")
+    counter("otel.sdk.exporter.metric_data_point.exported", "points_exported", "points_undelivered")
+    counter("dask.task.aggregated", "tasks_aggregated", None)
+    counter("dask.task.recovered", "tasks_recovered", None)
