@@ -18,6 +18,9 @@ DEBIAN_PACKAGES := chromium prometheus npm
 NODE_DIR := .tools/node
 NODE_STAMP := $(NODE_DIR)/.installed
 NODE_PACKAGES := @grafana/schema@12.4.11 typescript@5.9.3
+# Mermaid as the docs site's pages load it (docs/conf.py's mermaid_version), unpacked without its
+# dependencies (its dist/ is self-contained): the docs test renders the diagrams from it offline.
+MERMAID_VERSION := 11.12.1
 # Test processes at once. The suite mostly waits on subprocesses and clusters, so it runs
 # more of them than there are cores.
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) * 2 )))
@@ -46,7 +49,7 @@ PYTEST := -m pytest -n $(TEST_WORKERS) --dist loadgroup
 # The versions a run names before it starts, so that its log says what it tested.
 SHOWN := dask|distributed|opentelemetry-sdk|opentelemetry-exporter-otlp-proto-grpc|grpcio|protobuf|cloudpickle|psutil
 
-.PHONY: lint docs test test-fast test-latest test-oldest peer-test demo venv lock bench clean
+.PHONY: lint docs screenshot test test-fast test-latest test-oldest peer-test demo venv lock bench clean
 
 $(UV):
 	$(PYTHON) -m venv $(UV_HOME)
@@ -67,8 +70,12 @@ $(SYSTEM): Makefile
 
 $(NODE_STAMP): Makefile | $(SYSTEM)
 	@if command -v npm >/dev/null 2>&1; then \
-		npm install --prefix $(NODE_DIR) --no-audit --no-fund --loglevel=error $(NODE_PACKAGES) && touch $@; \
-	else echo "no npm: the dashboards' schema check is skipped"; fi
+		npm install --prefix $(NODE_DIR) --no-audit --no-fund --loglevel=error $(NODE_PACKAGES) && \
+		rm -rf $(NODE_DIR)/mermaid && mkdir -p $(NODE_DIR)/mermaid && \
+		npm pack --silent --pack-destination $(NODE_DIR) mermaid@$(MERMAID_VERSION) >/dev/null && \
+		tar -xzf $(NODE_DIR)/mermaid-$(MERMAID_VERSION).tgz -C $(NODE_DIR)/mermaid --strip-components=1 && \
+		rm $(NODE_DIR)/mermaid-$(MERMAID_VERSION).tgz && touch $@; \
+	else echo "no npm: the dashboards' schema check and the docs' diagrams check are skipped"; fi
 
 venv: $(STAMP)
 
@@ -84,6 +91,10 @@ lint: $(STAMP)
 # broken page or reference fails the run.
 docs: $(STAMP)
 	$(VENV)/bin/sphinx-build -W --keep-going -q -b html docs docs/_build/html
+
+# The README's picture: the demo's HTML report, in the headless Chromium the tests use.
+screenshot: $(STAMP) $(SYSTEM)
+	cd tests && ../$(VENV)/bin/python screenshot.py ../docs/images/report.png
 
 test: lint docs $(STAMP) $(SYSTEM) $(NODE_STAMP)
 	$(VENV)/bin/python $(PYTEST) $(PYTEST_ARGS)

@@ -24,6 +24,9 @@ source_suffix = {".md": "markdown"}
 exclude_patterns = ["_build"]
 # ```mermaid fences render as diagrams, as they do on GitHub.
 myst_fence_as_directive = ["mermaid"]
+# The version the pages load from the CDN; the Makefile's MERMAID_VERSION, which the docs
+# test renders the diagrams with, must match it (tests/test_docs_site.py checks).
+mermaid_version = "11.12.1"
 myst_heading_anchors = 3
 html_theme = "alabaster"
 html_title = "otel-graph"

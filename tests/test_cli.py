@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import stat
 import subprocess
 import sys
@@ -15,6 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import browser
+from browser import needs_chromium
 from conftest import needs_distributed, subprocess_env
 from otel_graph.report.analysis import critical_path, group
 from otel_graph.report.otlp_read import TelemetryFile
@@ -154,54 +155,19 @@ def test_demo_on_the_embedded_default(tmp_path):
         "the LocalCluster part's worker processes wrote their task spans into the same files"
 
 
-CHROMIUM = "/usr/bin/chromium"
-
-
-@pytest.mark.skipif(not os.path.exists(CHROMIUM) and os.environ.get("CI") != "true",
-                    reason="Debian chromium is installed by `make test` (as root)")
+@needs_chromium
 def test_html_report_renders_in_a_real_headless_browser(recorded, tmp_path):
     page_path = tmp_path / "report.html"
     run = cli("report", str(recorded / "traces.jsonl"), str(recorded / "metrics.jsonl"), "--html", str(page_path))
     assert run.returncode == 0, run.stderr
     assert "cdn.bokeh.org" not in page_path.read_text(), "self-contained: no network needed"
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        try:
-            page = browser.new_page()
-            problems: list[str] = []
-            page.on("console", lambda message: problems.append(message.text) if message.type == "error" else None)
-            page.on("pageerror", lambda error: problems.append(str(error)))
-            page.goto(page_path.as_uri())
-            # Bokeh draws each plot into canvases inside shadow roots once its JS has run.
-            painted = page.wait_for_function("""() => {
-                const canvases = [];
-                const walk = (root) => root.querySelectorAll('*').forEach(el => {
-                    if (el.tagName === 'CANVAS') canvases.push(el);
-                    if (el.shadowRoot) walk(el.shadowRoot);
-                });
-                walk(document);
-                const inked = canvases.filter(c => {
-                    if (!c.width || !c.height) return false;
-                    const data = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
-                    for (let i = 3; i < data.length; i += 4) if (data[i] !== 0) return true;
-                    return false;
-                });
-                return inked.length >= 3 ? inked.length : false;
-            }""", timeout=30_000).json_value()
-            text = page.evaluate("""() => {
-                let out = '';
-                const walk = (root) => root.querySelectorAll('*').forEach(el => {
-                    if (el.shadowRoot) walk(el.shadowRoot);
-                    if (!el.children.length) out += ' ' + (el.textContent || '');
-                });
-                walk(document);
-                return out;
-            }""")
-        finally:
-            browser.close()
-    assert painted >= 3, "the task stream and the reading plots drew"
+    with browser.page() as page:
+        page.goto(page_path.as_uri())
+        painted = page.wait_for_function(f"() => ({browser.INKED_CANVASES})() >= 3", timeout=30_000)
+        inked = page.evaluate(browser.INKED_CANVASES)
+        text = page.evaluate(browser.LEAF_TEXT)
+        problems = page.problems
+    assert painted and inked >= 3, "the task stream and the reading plots drew"
     assert "Task stream" in text and "slow" in text
     assert problems == []
 
