@@ -57,6 +57,21 @@ def test_the_readme_shows_the_report() -> None:
     assert width >= 1000 and height >= 600, "a readable screenshot (make screenshot)"
 
 
+def test_the_changelog_keeps_a_changelog() -> None:
+    """Keep a Changelog 1.1.0: releases newest first, each with its date, under the usual headings."""
+    from otel_graph import __version__
+
+    text = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    assert text.startswith("# Changelog\n") and "keepachangelog.com/en/1.1.0" in text
+    releases = re.findall(r"^## (.+)$", text, re.M)
+    assert releases and releases[0] == "[Unreleased]"
+    dated = [re.fullmatch(r"\[(\d+\.\d+\.\d+)\] - (\d{4}-\d{2}-\d{2})", r) for r in releases[1:]]
+    assert all(dated), releases
+    assert __version__ in text.split("\n## ")[1] or __version__ == dated[0].group(1)  # the current version's entry
+    assert set(re.findall(r"^### (.+)$", text, re.M)) <= {"Added", "Changed", "Deprecated", "Removed", "Fixed",
+                                                           "Security"}
+
+
 def test_the_reference_pages_hold_every_catalogued_name(site: Path) -> None:
     telemetry = (site / "telemetry.html").read_text(encoding="utf-8")
     configuration = (site / "configuration.html").read_text(encoding="utf-8")
