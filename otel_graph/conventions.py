@@ -176,8 +176,9 @@ SPANS: dict[str, Span] = {
         where="dask.distributed"),
     "progress": Span(
         "dask.compute.progress",
-        "A child of a compute still running after a second, then one every `OTEL_GRAPH_PROGRESS_INTERVAL`: "
-        "together they tile the run, and show a long compute before its root span ends.",
+        "A child of a compute still running after a second (made at the next drain, "
+        "`OTEL_GRAPH_DRAIN_INTERVAL`), then one every `OTEL_GRAPH_PROGRESS_INTERVAL`: together they tile the "
+        "run, and show a long compute before its root span ends.",
         ("dask.scheduler", "dask.graph.tasks", "dask.compute.tasks_done", "dask.compute.tasks_running",
          "dask.compute.tasks_waiting")),
     "distributed-span": Span(
