@@ -85,7 +85,7 @@ OWN_VARIABLES: Mapping[str, str] = {
 #: its exporters read most of them; where otel_graph builds the SDK it checks their values first.
 STANDARD_VARIABLES: Mapping[str, str] = {
     "OTEL_EXPORTER_OTLP_ENDPOINT": "Where to send, with `_TRACES_`/`_METRICS_` variants per signal. "
-    "Default `http://localhost:4317`.",
+    "Default `http://localhost:4317` (gRPC), `http://localhost:4318` with `http/protobuf`.",
     "OTEL_EXPORTER_OTLP_PROTOCOL": "`grpc` (default) or `http/protobuf`, with per-signal variants.",
     "OTEL_EXPORTER_OTLP_HEADERS": "Transport, with `_TIMEOUT`, `_COMPRESSION`, `_INSECURE`, `_CERTIFICATE`, "
     "`_CLIENT_KEY`, `_CLIENT_CERTIFICATE` and per-signal variants. Header values are never printed, not even in "

@@ -79,15 +79,15 @@ ATTRIBUTES: dict[str, Attribute] = {
     "dask.task.key": Attribute(_S, "The task's key as a readable string, at most 512 characters."),
     "dask.task.prefix": Attribute(_S, "The key's prefix (`dask.utils.key_split`), at most 128 characters; "
                                   "the span's name."),
-    "dask.task.nbytes": Attribute(_I, "`dask.sizeof` of the result, in bytes (an aggregate: their total). Left "
-                                  "out where `__sizeof__` fails or claims more than int64."),
+    "dask.task.nbytes": Attribute(_I, "`dask.sizeof` of the result, in bytes. Left out where `__sizeof__` fails "
+                                  "or claims more than int64; on an aggregate, their total, at most int64's largest."),
     "dask.task.type": Attribute(_S, "The result's type name."),
     "dask.task.dependencies": Attribute(_L, "The keys of the task's dependencies, at most 32."),
     "dask.task.dependency_count": Attribute(_I, "All of the task's dependencies."),
     "dask.task.dependent_count": Attribute(_I, "Tasks that consume the result."),
     "dask.task.retries": Attribute(_I, "dask.distributed: retries the task was allowed."),
-    "dask.task.attempt": Attribute(_I, "dask.distributed: which run of the task this was, from 2 on (a retry, "
-                                   "or a rerun after its worker was lost)."),
+    "dask.task.attempt": Attribute(_I, "dask.distributed: which run of the task on this worker this was, from 2 "
+                                   "on: a retry after it failed there (a rerun on another worker is not numbered)."),
     "code.function.name": Attribute(_S, "The task's function; for fused tasks and `toolz.compose` the inner "
                                     "ones, innermost first, joined by `, `."),
     "error.type": Attribute(_S, "The exception's type, on a failed task or compute (with status ERROR and an "
@@ -103,8 +103,9 @@ ATTRIBUTES: dict[str, Attribute] = {
     "dask.task.duration.min": Attribute(_D, "The shortest run, in seconds."),
     "dask.task.duration.max": Attribute(_D, "The longest run, in seconds."),
     "dask.task.duration.mean": Attribute(_D, "The mean run, in seconds."),
-    "dask.task.recovered": Attribute(_B, "`true`: tasks whose telemetry a lost worker took with it, rebuilt from "
-                                     "the scheduler's records. On a `dask.worker.lost` event: how many (int)."),
+    "dask.task.recovered": Attribute("boolean; int on events", "`true`: tasks whose telemetry a lost worker took "
+                                     "with it, rebuilt from the scheduler's records. On a `dask.worker.lost` or "
+                                     "`dask.worker.retired` event: how many of the compute's tasks that was."),
     # A task's inputs and spills (dask.distributed)
     "dask.transfer.source": Attribute(_S, "The worker a `transfer` fetched inputs from."),
     "dask.transfer.bytes": Attribute(_I, "The bytes a `transfer` fetched."),
@@ -153,8 +154,9 @@ SPANS: dict[str, Span] = {
         ("exception", "dask.future.cancelled", "dask.future.released", "dask.worker.lost", "dask.worker.retired")),
     "task": Span(
         "the task prefix",
-        "One per task, timed where it ran. Named `(other prefixes)` past the process's first 2,000 prefixes "
-        "(`dask.task.prefix` still exact). Status ERROR when the task failed.",
+        "One per task within the span budget (`OTEL_GRAPH_MAX_TASK_SPANS` a compute; failed tasks always), timed "
+        "where it ran. Named `(other prefixes)` past the process's first 2,000 prefixes (`dask.task.prefix` still "
+        "exact). Status ERROR when the task failed.",
         (*_TASK, "dask.worker.name", "dask.task.retries", "dask.task.attempt"), ("exception",)),
     "aggregate": Span(
         "the task prefix",
@@ -217,14 +219,13 @@ METRICS: dict[str, Metric] = {
     "dask.compute.duration": Metric("histogram", "s", "Wall time of a compute, end to end.",
                                     ("dask.scheduler", "dask.task.outcome")),
     "dask.memory.tasks": Metric("up-down counter", "{task}", "Task results held in memory by running computes.",
-                                ("dask.scheduler",), where="local schedulers"),
+                                ("dask.scheduler",)),
     "dask.memory.usage": Metric("up-down counter", "By",
                                 "dask.sizeof of the task results held in memory by running computes.",
-                                ("dask.scheduler",), where="local schedulers"),
+                                ("dask.scheduler",)),
     "dask.task.aggregated": Metric("counter", "{task}", "Tasks past the span budget, in aggregate spans."),
     "dask.task.recovered": Metric("counter", "{task}",
-                                  "Tasks whose spans a lost worker took with it, in recovered spans.",
-                                  where=_DISTRIBUTED),
+                                  "Tasks whose spans a lost worker took with it, in recovered spans."),
     "otel.sdk.exporter.span.exported": Metric(
         "counter", "{span}", "Spans otel_graph exported; error.type=undelivered counts those it gave up on.",
         ("error.type",)),

@@ -44,10 +44,10 @@ def _is_module(text: str) -> bool:
                                          or PACKAGE.parent.joinpath(*parts).is_dir())
 
 
-def _strings_in_source() -> dict[str, list[str]]:
+def _strings_in_source(*, emitters_only: bool = False) -> dict[str, list[str]]:
     found: dict[str, list[str]] = defaultdict(list)
     for path in sorted(PACKAGE.rglob("*.py")):
-        if path.name == "conventions.py":
+        if path.name == "conventions.py" or (emitters_only and path.parent.name == "report"):
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)):
@@ -65,7 +65,7 @@ def test_every_telemetry_name_in_the_source_is_catalogued() -> None:
 
 
 def test_every_catalogued_name_is_used_in_the_source() -> None:
-    found = _strings_in_source()
+    found = _strings_in_source(emitters_only=True)  # the report reads names; that is no emitting
     unused = sorted(name for name in CATALOGUED if name not in found)
     assert not unused, f"catalogued in otel_graph.conventions, used nowhere: {unused}"
 
@@ -112,7 +112,7 @@ try:
 except ValueError:
     pass
 dask.get({f"x{i}": (inc, i) for i in range(2001)}, [f"x{i}" for i in range(2001)])
-parts = [dask.delayed(slow)(i) for i in range(8)]
+parts = [dask.delayed(slow)(i) for i in range(12)]  # 2.4 s on two threads: progress spans
 dask.delayed(sum)(parts).compute(scheduler="threads", num_workers=2)
 dask.compute(*[dask.delayed(inc)(i) for i in range(3)], scheduler="processes", num_workers=2)
 
@@ -151,7 +151,7 @@ NOT_MADE_HERE = {
     "event": {"dask.worker.lost"},
     "event dask.worker.retired": {"dask.task.recovered"},
     "metric dask.task.duration": {"dask.task.recovered"},
-    "task": {"dask.task.attempt"},  # a task run again after its worker was lost
+    "task": {"dask.task.attempt"},  # a task retried on the worker it failed on
     # A local compute's tasks that never reported back, a compute open at exit, otel_graph failing.
     "compute": {"dask.graph.tasks_lost", "otel_graph.incomplete", "otel_graph.processing_error"},
     # Where your code calls record_exception() on a compute span, as on the SDK's spans.
@@ -163,13 +163,22 @@ NOT_MADE_HERE = {
 }
 
 
-def _value(value: dict) -> object:
-    (kind, inner), = value.items()
-    return inner
+#: OTLP/JSON's value fields, as the catalogue names their types.
+_TYPES = {"stringValue": "string", "intValue": "int", "doubleValue": "double", "boolValue": "boolean",
+          "arrayValue": "string[]"}
 
 
-def _attrs(items: list[dict] | None) -> dict[str, object]:
-    return {item["key"]: _value(item["value"]) for item in items or ()}
+def _attrs(items: list[dict] | None) -> dict[str, str]:
+    """name -> the catalogue's name for its value's type."""
+    return {item["key"]: _TYPES.get(next(iter(item["value"])), "?") for item in items or ()}
+
+
+def _mistyped(attributes: dict[str, str], where: str) -> list[str]:
+    # A catalogue type may name two ("boolean; int on events"): either is allowed.
+    allowed = {name: set(re.findall(r"string\[\]|string|int|double|boolean", ATTRIBUTES[name].type))
+               for name in attributes if name in ATTRIBUTES}
+    return [f"{where}: {name} is {kind}, catalogued {ATTRIBUTES[name].type}" for name, kind in attributes.items()
+            if name in allowed and kind not in allowed[name]]
 
 
 def _kind(name: str, attributes: dict) -> str:
@@ -215,6 +224,13 @@ def test_what_real_computes_emit_is_the_catalogue(tmp_path: Path) -> None:
                         continue
                     seen["span kind"].add(kind)
                     seen[kind] |= set(attributes)
+                    problems += _mistyped(attributes, f"{kind} span")
+                    prefix = next((item["value"]["stringValue"] for item in span["attributes"]
+                                   if item["key"] == "dask.task.prefix"), None)
+                    if kind == "task" and span["name"] not in (prefix, "(other prefixes)"):
+                        problems.append(f"task span named {span['name']!r}, prefix {prefix!r}")
+                    if kind == "phase" and span["name"] not in ("transfer", "disk-read", "disk-write"):
+                        problems.append(f"phase span named {span['name']!r}")
                     problems += [f"{kind} span carries {a}" for a in set(attributes) - set(SPANS[kind].attributes)]
                     for event in span.get("events", ()):
                         name = event["name"]
@@ -225,6 +241,7 @@ def test_what_real_computes_emit_is_the_catalogue(tmp_path: Path) -> None:
                         extra = set(_attrs(event.get("attributes"))) - set(EVENTS[name].attributes)
                         problems += [f"event {name} carries {a}" for a in extra]
                         seen[f"event {name}"] |= set(_attrs(event.get("attributes")))
+                        problems += _mistyped(_attrs(event.get("attributes")), f"event {name}")
     for line in (tmp_path / "metrics.jsonl").read_text(encoding="utf-8").splitlines():
         for resource_metrics in json.loads(line)["resourceMetrics"]:
             seen["resource"] |= set(_attrs(resource_metrics["resource"].get("attributes")))
@@ -244,9 +261,10 @@ def test_what_real_computes_emit_is_the_catalogue(tmp_path: Path) -> None:
                                         f"{metric.get('description')!r}")
                     seen["metric"].add(name)
                     for point in metric[data_kind]["dataPoints"]:
-                        attributes = set(_attrs(point.get("attributes")))
-                        problems += [f"metric {name} carries {a}" for a in attributes - set(entry.attributes)]
-                        seen[f"metric {name}"] |= attributes
+                        typed = _attrs(point.get("attributes"))
+                        problems += [f"metric {name} carries {a}" for a in set(typed) - set(entry.attributes)]
+                        problems += _mistyped(typed, f"metric {name}")
+                        seen[f"metric {name}"] |= set(typed)
     assert not problems, sorted(set(problems))
     # Which of its units an activity reports by a heartbeat depends on what ran before it:
     # the three fine-metric counters share their attributes.

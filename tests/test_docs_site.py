@@ -20,8 +20,8 @@ import pytest
 
 import browser
 from browser import needs_chromium
-from otel_graph.config import OWN_VARIABLES
-from otel_graph.conventions import ATTRIBUTES, METRICS
+from otel_graph.config import CHOICES, OWN_VARIABLES, STANDARD_VARIABLES
+from otel_graph.conventions import ATTRIBUTES, EVENTS, METRICS, RESOURCE, SPANS
 
 ROOT = Path(__file__).resolve().parent.parent
 MERMAID = ROOT / ".tools" / "node" / "mermaid" / "dist"
@@ -73,13 +73,29 @@ def test_the_changelog_keeps_a_changelog() -> None:
 
 
 def test_the_reference_pages_hold_every_catalogued_name(site: Path) -> None:
+    kinds = re.findall(r"^```\{otel-graph-span\} (\S+)$", (ROOT / "docs" / "telemetry.md").read_text(), re.M)
+    assert sorted(kinds) == sorted(SPANS), "every kind of span has its section"
     telemetry = (site / "telemetry.html").read_text(encoding="utf-8")
     configuration = (site / "configuration.html").read_text(encoding="utf-8")
-    for name in (*ATTRIBUTES, *METRICS):
+    for name in (*ATTRIBUTES, *METRICS, *EVENTS, *RESOURCE):
         assert f"<code class=\"docutils literal notranslate\"><span class=\"pre\">{name}</span></code>" \
             in telemetry, name
-    for variable in OWN_VARIABLES:
+    for variable in (*OWN_VARIABLES, *STANDARD_VARIABLES, *CHOICES):
         assert f"<span class=\"pre\">{variable}</span>" in configuration, variable
+
+
+#: Pages for users: what the software does and how to use it, not how it was made.
+USER_PAGES = [ROOT / "README.md", *(page for page in sorted((ROOT / "docs").glob("*.md"))
+                                    if page.name not in ("design.md", "development.md"))]
+
+
+def test_the_readme_is_short_and_the_user_pages_carry_no_history() -> None:
+    assert len((ROOT / "README.md").read_text(encoding="utf-8").splitlines()) <= 250
+    history = re.compile(r"\b20\d\d-\d\d-\d\d\b|\b[0-9a-f]{7,40}\b(?<=[a-f]\w{6})|\bsessions?\b|\bissue \d+|"
+                         r"\buntil now\b|\bbefore this change\b", re.I)
+    found = [(page.name, match.group()) for page in USER_PAGES
+             for match in history.finditer(page.read_text(encoding="utf-8"))]
+    assert found == []
 
 
 @needs_chromium
@@ -87,12 +103,11 @@ def test_the_reference_pages_hold_every_catalogued_name(site: Path) -> None:
 def test_every_diagram_draws_in_a_browser(site: Path) -> None:
     pages = sorted(path for path in site.glob("*.html") if 'class="mermaid"' in path.read_text(encoding="utf-8"))
     assert pages, "the design page has diagrams"
-    served: list[str] = []
+    served: list[tuple[str, str]] = []
 
     def from_the_unpacked_copy(route) -> None:
         version, rest = CDN.fullmatch(route.request.url).groups()
-        served.append(rest)
-        assert version == _makefile_mermaid()
+        served.append((version, rest))  # checked after the page: a failure here would only stall it
         route.fulfill(path=str(MERMAID / rest), content_type="text/javascript")
 
     # Tall enough that every diagram is on screen: off-screen ones are drawn when scrolled to.
@@ -115,5 +130,6 @@ def test_every_diagram_draws_in_a_browser(site: Path) -> None:
             assert drawn and all(each and each[0].startswith("flowchart") and each[1] > 0 for each in drawn), \
                 (path.name, drawn)
         problems = page.problems
-    assert "mermaid.esm.min.mjs" in served
+    assert ("" if not served else served[0][0], "mermaid.esm.min.mjs") == (_makefile_mermaid(), served[0][1])
+    assert {version for version, _ in served} == {_makefile_mermaid()}
     assert problems == []
