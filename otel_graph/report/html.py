@@ -1,33 +1,32 @@
 """``otel-graph report --html FILE``: one self-contained, offline HTML page, drawn with Bokeh.
 
 Bokeh is what dask's own diagnostics plot with; it is an optional dependency
-(``pip install 'otel-graph[report]'``), imported only here. The page holds:
+(``pip install 'otel-graph[report]'``), imported only when a page is written. The page holds,
+on one time axis (zoom one plot, all follow):
 
-* a **task stream**: one lane per worker thread, a bar per task coloured by prefix,
-  hover showing key, prefix, duration and output size, the critical path of the
-  longest compute outlined in red;
-* **CPU, memory and GPU** readings over time, per process;
-* **tasks and bytes held in memory** over time (the CacheProfiler view; on a cluster,
-  the memory each worker manages);
-* the bottleneck table.
+* the **task stream** and the **readings** (:mod:`.plots`): a lane per worker thread, a bar per
+  task in its prefix's colour, the critical path outlined and on a track of its own; CPU,
+  memory and GPU per process; results held in memory;
+* the **bottleneck table**, one row per task prefix in the same colours, sortable by any column,
+  times and sizes written for people (``12.3 ms``, ``16.8 MB``) and sorted as numbers.
 
-Bokeh's JavaScript is inlined (``resources=INLINE``), so the file opens with no network.
-At most :data:`MAX_BARS` task bars are drawn (the longest), so a huge trace still
-makes a page a browser can open. The page is created readable by its owner only, and
-a symlink at its path is replaced, not followed (:func:`otel_graph.report.private_files.private_file`).
+Names are people's (:mod:`.labels`): ``worker 0 (127.0.0.1:35689) · thread 1``, ``pid 4242``,
+never a thread ident or an instance UUID. Bokeh's JavaScript is inlined
+(``resources=INLINE``), so the file opens with no network. The page is created readable by
+its owner only, and a symlink at its path is replaced, not followed
+(:func:`otel_graph.report.private_files.private_file`).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+import html
 from pathlib import Path
 from typing import Any
 
-from otel_graph.report.analysis import critical_path, prefix_table
-from otel_graph.report.otlp_read import Point
+from otel_graph.report.analysis import prefix_table
+from otel_graph.report.labels import Labeller, Palette, seconds, size
+from otel_graph.report.plots import readings, task_stream
 from otel_graph.report.private_files import private_file
-
-MAX_BARS = 50_000
 
 
 def _bokeh() -> Any:
@@ -36,10 +35,6 @@ def _bokeh() -> Any:
     except ImportError:
         raise SystemExit("otel-graph: --html needs Bokeh: pip install 'otel-graph[report]'") from None
     import bokeh.embed
-    import bokeh.layouts
-    import bokeh.models
-    import bokeh.palettes
-    import bokeh.plotting
     import bokeh.resources
 
     return bokeh
@@ -48,115 +43,73 @@ def _bokeh() -> Any:
 def write_html(loaded: Any, path: Path) -> None:
     bokeh = _bokeh()
     from bokeh.layouts import column
-    from bokeh.models import ColumnDataSource, FactorRange, HoverTool
-    from bokeh.models.widgets import DataTable, Div, TableColumn
-    from bokeh.plotting import figure
 
     computes = loaded.computes
-    spans = [s for c in computes for s in c.tasks if "dask.task.count" not in s.attributes]
-    spans.sort(key=lambda s: s.duration_ns, reverse=True)
-    shown = spans[:MAX_BARS]
-    origin = min([c.root.start_ns for c in computes] or [p.time_ns for p in loaded.points] or [0])
-    longest = max(computes, key=lambda c: c.wall_ns, default=None)
-    on_path = {step.span.span_id for step in critical_path(longest).steps} if longest else set()
-
-    prefixes = sorted({str(s.attributes.get("dask.task.prefix", s.name)) for s in shown})
-    palette = bokeh.palettes.Category20[20]
-    colour = {p: palette[i % len(palette)] for i, p in enumerate(prefixes)}
-    lanes = sorted({_lane(s) for s in shown})
-    data: dict[str, list[Any]] = defaultdict(list)
-    for span in shown:
-        prefix = str(span.attributes.get("dask.task.prefix", span.name))
-        data["left"].append((span.start_ns - origin) / 1e9)
-        data["right"].append((span.end_ns - origin) / 1e9)
-        data["lane"].append(_lane(span))
-        data["prefix"].append(prefix)
-        data["key"].append(str(span.attributes.get("dask.task.key", "")))
-        data["duration"].append(f"{span.duration_ns / 1e6:.3f} ms")
-        nbytes = span.attributes.get("dask.task.nbytes")
-        data["nbytes"].append(f"{nbytes} B" if isinstance(nbytes, int) else "-")
-        data["colour"].append("#d62728" if span.failed else colour[prefix])
-        critical = span.span_id in on_path
-        data["line"].append("red" if critical else None)
-        data["width"].append(3 if critical else 0)
-    if not shown:  # an empty source would make Bokeh log errors in the browser
-        data = {name: [] for name in ("left", "right", "lane", "prefix", "key", "duration", "nbytes", "colour",
-                                      "line", "width")}
-    stream = figure(title="Task stream (bars outlined in red: critical path of the longest compute)",
-                    y_range=FactorRange(factors=lanes or ["-"]), x_axis_label="seconds since the first compute started",
-                    height=max(250, 22 * len(lanes) + 120), sizing_mode="stretch_width",
-                    tools="xpan,xwheel_zoom,box_zoom,reset,save")
-    stream.hbar(y="lane", left="left", right="right", height=0.8, fill_color="colour", line_color="line",
-                line_width="width", source=ColumnDataSource(data), legend_field="prefix")
-    stream.add_tools(HoverTool(tooltips=[("key", "@key"), ("prefix", "@prefix"), ("duration", "@duration"),
-                                         ("output", "@nbytes")]))
-    stream.legend.click_policy = "hide"
-    stream.legend.location = "top_right"
-
-    parts: list[Any] = [Div(text=_summary(loaded, len(spans), len(shown))), stream]
-    for title, names, unit in (
-        ("CPU", ("process.cpu.utilization", "system.cpu.utilization"), "fraction of CPUs"),
-        ("Memory", ("process.memory.usage",), "bytes"),
-        ("GPU", ("hw.gpu.utilization", "hw.gpu.memory.usage"), "fraction / bytes"),
-        ("Held in memory", ("dask.memory.tasks", "dask.memory.usage", "dask.worker.memory.usage"),
-         "tasks / bytes"),
-    ):
-        plot = _lines(figure, loaded.points, names, origin, title=title, unit=unit, x_range=stream.x_range)
-        if plot is not None:
-            parts.append(plot)
     rows = prefix_table(computes, loaded.points)
-    table = ColumnDataSource({
-        "prefix": [r.prefix for r in rows], "duration": [round(r.duration_s, 6) for r in rows],
-        "share": [round(100 * r.share, 1) for r in rows], "tasks": [r.tasks for r in rows],
-        "mean": [round(r.mean_s, 6) for r in rows], "bytes": [round(r.mean_bytes) for r in rows],
-        "errors": [r.errors for r in rows],
-    })
-    parts.append(DataTable(source=table, sizing_mode="stretch_width", height=30 + 25 * min(len(rows), 20), columns=[
-        TableColumn(field="prefix", title="prefix"), TableColumn(field="duration", title="duration (s)"),
-        TableColumn(field="share", title="% of total"), TableColumn(field="tasks", title="tasks"),
-        TableColumn(field="mean", title="mean (s)"), TableColumn(field="bytes", title="mean output (B)"),
-        TableColumn(field="errors", title="errors")]))
-    html = bokeh.embed.file_html(column(*parts, sizing_mode="stretch_width"), resources=bokeh.resources.INLINE,
+    palette = Palette(row.prefix for row in rows)
+    labeller = Labeller([*(s.resource for c in computes for s in c.tasks), *(p.resource for p in loaded.points)])
+    origin = min([c.root.start_ns for c in computes] or [p.time_ns for p in loaded.points] or [0])
+    stream, left_out = task_stream(computes, origin=origin, palette=palette, labeller=labeller)
+    parts: list[Any] = [_summary(loaded, left_out), stream,
+                        *readings(loaded.points, origin=origin, x_range=stream.x_range, labeller=labeller),
+                        _table(rows, palette)]
+    page = bokeh.embed.file_html(column(*parts, sizing_mode="stretch_width"), resources=bokeh.resources.INLINE,
                                  title="otel-graph report")
     with private_file(path) as out:  # OSError: reported by the command as one line
-        out.write(html)
+        out.write(page)
 
 
-def _lane(span: Any) -> str:
-    worker = span.attributes.get("dask.worker.id", "?")
-    thread = span.attributes.get("thread.id")
-    return f"{worker} / {thread}" if thread is not None and str(thread) != str(worker) else str(worker)
+def _table(rows: list[Any], palette: Palette) -> Any:
+    """The bottleneck table: numbers sort as numbers, and show as text a person reads."""
+    from bokeh.models import ColumnDataSource
+    from bokeh.models.widgets import DataTable, TableColumn
+    from bokeh.models.widgets.tables import HTMLTemplateFormatter, NumberFormatter
+
+    def shown(text_field: str) -> HTMLTemplateFormatter:
+        return HTMLTemplateFormatter(template=f"<%= {text_field} %>")
+
+    source = ColumnDataSource({
+        "prefix": [r.prefix for r in rows],
+        # Keys are user data: escaped here, as the template inserts it as HTML.
+        "prefix_html": [f'<span style="color:{palette[r.prefix]}">&#9632;</span> {html.escape(r.prefix)}'
+                        for r in rows],
+        "duration": [r.duration_s for r in rows], "duration_text": [seconds(r.duration_s) for r in rows],
+        "share": [r.share for r in rows], "tasks": [r.tasks for r in rows],
+        "mean": [r.mean_s for r in rows], "mean_text": [seconds(r.mean_s) for r in rows],
+        "bytes": [r.mean_bytes for r in rows],
+        "bytes_text": [size(r.mean_bytes) if r.mean_bytes else "-" for r in rows],
+        "errors": [r.errors for r in rows],
+    })
+    columns = [
+        TableColumn(field="prefix", title="task prefix", formatter=shown("prefix_html"), width=260),
+        TableColumn(field="duration", title="time in tasks", formatter=shown("duration_text")),
+        TableColumn(field="share", title="share", formatter=NumberFormatter(format="0.0%")),
+        TableColumn(field="tasks", title="tasks", formatter=NumberFormatter(format="0,0")),
+        TableColumn(field="mean", title="mean task", formatter=shown("mean_text")),
+        TableColumn(field="bytes", title="mean output", formatter=shown("bytes_text")),
+        TableColumn(field="errors", title="errors", formatter=NumberFormatter(format="0,0")),
+    ]
+    return DataTable(source=source, columns=columns, sortable=True, index_position=None,
+                     sizing_mode="stretch_width", height=30 + 26 * min(len(rows), 20))
 
 
-def _lines(figure: Any, points: list[Point], names: tuple[str, ...], origin: int, *, title: str, unit: str,
-           x_range: Any) -> Any:
-    series: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for point in points:
-        if point.name not in names:
-            continue
-        who = point.resource.get("dask.worker.id") or point.resource.get("service.instance.id", "")[:8]
-        detail = ",".join(f"{v}" for k, v in sorted(point.attributes.items())
-                          if k in ("cpu.mode", "hw.id", "dask.memory.state", "dask.worker.id"))
-        series[f"{point.name} {who} {detail}".strip()].append(((point.time_ns - origin) / 1e9, point.value))
-    if not series:
-        return None
-    import bokeh.palettes
+def _summary(loaded: Any, left_out: int) -> Any:
+    from bokeh.models.widgets import Div
 
-    plot = figure(title=title, height=220, sizing_mode="stretch_width", x_range=x_range,
-                  y_axis_label=unit, tools="xpan,xwheel_zoom,box_zoom,reset,save")
-    palette = bokeh.palettes.Category10[10]
-    for index, (label, values) in enumerate(sorted(series.items())):
-        values.sort()
-        plot.line([x for x, _ in values], [y for _, y in values], legend_label=label[:60],
-                  color=palette[index % len(palette)], line_width=2)
-    plot.legend.click_policy = "hide"
-    plot.legend.label_text_font_size = "8pt"
-    return plot
-
-
-def _summary(loaded: Any, tasks: int, shown: int) -> str:
     computes = loaded.computes
-    count = sum(c.task_count for c in computes)
-    note = f" (the {shown} longest of {tasks} task spans drawn)" if shown < tasks else ""
-    return (f"<h2>otel-graph report</h2><p>{len(computes)} computes, {count} tasks, "
-            f"{sum(1 for c in computes if c.root.failed)} failed{note}.</p>")
+    tasks = sum(c.task_count for c in computes)
+    aggregated = sum(int(s.attributes.get("dask.task.count", 0)) for c in computes for s in c.tasks)
+    failed = sum(1 for c in computes if c.root.failed)
+    wall = sum(c.wall_ns for c in computes) / 1e9
+    notes = []
+    if aggregated:
+        notes.append(f"{aggregated:,} tasks were folded into aggregate spans by the span budget "
+                     f"(OTEL_GRAPH_MAX_TASK_SPANS): the table counts them, the task stream does not draw them")
+    if left_out:
+        notes.append(f"the task stream draws the {tasks - aggregated - left_out:,} longest tasks, not "
+                     f"{left_out:,} shorter ones")
+    text = (f"<h2>otel-graph report</h2><p>{len(computes):,} computes, {tasks:,} tasks, {failed:,} failed, "
+            f"{seconds(wall)} of computing in all.</p>")
+    if notes:
+        text += "<p>" + "; ".join(notes) + ".</p>"
+    return Div(text=text, sizing_mode="stretch_width")
