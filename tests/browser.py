@@ -36,15 +36,32 @@ INKED_CANVASES = """() => {
     }).length;
 }"""
 
-#: The text of every leaf element, shadow roots included.
+#: The text of every leaf element a person could read, shadow roots included (no styles or scripts).
 LEAF_TEXT = """() => {
     let out = '';
     const walk = (root) => root.querySelectorAll('*').forEach(el => {
         if (el.shadowRoot) walk(el.shadowRoot);
-        if (!el.children.length) out += ' ' + (el.textContent || '');
+        if (!el.children.length && !['STYLE', 'SCRIPT'].includes(el.tagName)) out += ' ' + (el.textContent || '');
     });
     walk(document);
     return out;
+}"""
+
+
+#: What the plots draw as text on their canvases: lane names, legend labels, titles and axis labels.
+DRAWN_TEXT = """() => {
+    const out = [];
+    for (const view of Bokeh.index.query(() => true)) {
+        const model = view.model;
+        const name = model.constructor.__name__;
+        if (name === 'Figure') {
+            out.push(model.title.text, ...(model.y_range.factors || []));
+            for (const axis of [...model.below, ...model.left]) out.push(axis.axis_label || '');
+        } else if (name === 'Legend') {
+            for (const item of model.items) out.push(item.label.value || '');
+        }
+    }
+    return out.join('\\n');
 }"""
 
 

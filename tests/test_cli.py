@@ -165,7 +165,7 @@ def test_html_report_renders_in_a_real_headless_browser(recorded, tmp_path):
         page.goto(page_path.as_uri())
         painted = page.wait_for_function(f"() => ({browser.INKED_CANVASES})() >= 3", timeout=30_000)
         inked = page.evaluate(browser.INKED_CANVASES)
-        text = page.evaluate(browser.LEAF_TEXT)
+        text = page.evaluate(browser.LEAF_TEXT) + page.evaluate(browser.DRAWN_TEXT)
         problems = page.problems
     assert painted and inked >= 3, "the task stream and the reading plots drew"
     assert "Task stream" in text and "slow" in text

@@ -4,7 +4,9 @@
   validated, into :class:`Span` and :class:`Point` records.
 - ``analysis``: bottlenecks by prefix, slowest tasks, worker balance, the critical path.
 - ``text``: the text report (``otel-graph report``); ``html``: the self-contained HTML page
-  (Bokeh); ``chrome``: Chrome Trace Event JSON for Perfetto.
+  (Bokeh), with ``plots`` (the task stream and readings), ``waterfall`` (the trace browser)
+  and ``labels`` (names, colours, times and sizes as people read them); ``chrome``: Chrome
+  Trace Event JSON for Perfetto.
 - ``private_files``: files the command writes, owner-only and never half written.
 
 May import: only ``naming`` and ``errors`` at the top: the report reads files anywhere,

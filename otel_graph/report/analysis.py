@@ -4,7 +4,9 @@ Input is what :mod:`otel_graph.report.otlp_read` reads: the ``dask.compute`` spa
 spans under them (plain, or aggregate spans standing for many tasks), and metric
 points (GPU readings, for the per-prefix GPU columns).
 
-Grouping (:func:`group`): a span is one (trace id, span id); the same span seen again
+Grouping (:func:`group`) also keeps every distinct span by trace id (:attr:`Grouped.traces`),
+the spans the analyses leave out included, for the HTML report's trace browser.
+A span is one (trace id, span id); the same span seen again
 (a file given twice, an exporter's retry the collector wrote twice) is left out and
 counted. Task spans whose ``dask.compute`` span is missing (a compute killed, or still
 running when the file was cut) are kept, as an **incomplete** compute per missing
@@ -96,6 +98,9 @@ def _duration_sum_ns(span: Span) -> int:
 class Grouped:
     computes: list[Compute]
     duplicates: int  # spans seen again (same trace and span id), left out
+    #: Every distinct span by trace id, in the order read: computes, tasks, and what the
+    #: analyses leave out (progress and phase spans, users' own spans), for the trace browser.
+    traces: dict[str, list[Span]] = field(default_factory=dict)
 
 
 def distinct_spans(spans: Iterable[Span]) -> tuple[list[Span], int]:
@@ -118,7 +123,12 @@ def group(spans: Iterable[Span]) -> Grouped:
     unique, duplicates = distinct_spans(spans)
     roots: dict[tuple[str, str], Compute] = {}
     children: dict[tuple[str, str], list[Span]] = defaultdict(list)
+    traces: dict[str, list[Span]] = {}
     for span in unique:
+        trace = traces.get(span.trace_id)
+        if trace is None:
+            trace = traces[span.trace_id] = []
+        trace.append(span)
         if span.name == COMPUTE:
             roots[(span.trace_id, span.span_id)] = Compute(span)
         elif "dask.task.prefix" in span.attributes:
@@ -128,7 +138,7 @@ def group(spans: Iterable[Span]) -> Grouped:
         if compute is None:  # never dropped: the report must say these tasks ran
             compute = roots[parent] = _incomplete(parent, tasks)
         compute.tasks.extend(tasks)
-    return Grouped(sorted(roots.values(), key=lambda c: c.root.start_ns), duplicates)
+    return Grouped(sorted(roots.values(), key=lambda c: c.root.start_ns), duplicates, traces)
 
 
 def _incomplete(parent: tuple[str, str], tasks: list[Span]) -> Compute:

@@ -8,7 +8,9 @@ on one time axis (zoom one plot, all follow):
   task in its prefix's colour, the critical path outlined and on a track of its own; CPU,
   memory and GPU per process; results held in memory;
 * the **bottleneck table**, one row per task prefix in the same colours, sortable by any column,
-  times and sizes written for people (``12.3 ms``, ``16.8 MB``) and sorted as numbers.
+  times and sizes written for people (``12.3 ms``, ``16.0 MiB``) and sorted as numbers;
+* the **trace browser** (:mod:`.waterfall`): pick a compute, see its spans as Jaeger shows a
+  trace, click one for its attributes and exception.
 
 Names are people's (:mod:`.labels`): ``worker 0 (127.0.0.1:35689) · thread 1``, ``pid 4242``,
 never a thread ident or an instance UUID. Bokeh's JavaScript is inlined
@@ -27,6 +29,7 @@ from otel_graph.report.analysis import prefix_table
 from otel_graph.report.labels import Labeller, Palette, seconds, size
 from otel_graph.report.plots import readings, task_stream
 from otel_graph.report.private_files import private_file
+from otel_graph.report.waterfall import trace_browser
 
 
 def _bokeh() -> Any:
@@ -52,7 +55,7 @@ def write_html(loaded: Any, path: Path) -> None:
     stream, left_out = task_stream(computes, origin=origin, palette=palette, labeller=labeller)
     parts: list[Any] = [_summary(loaded, left_out), stream,
                         *readings(loaded.points, origin=origin, x_range=stream.x_range, labeller=labeller),
-                        _table(rows, palette)]
+                        _table(rows, palette), trace_browser(loaded, colour_of=palette.as_dict())]
     page = bokeh.embed.file_html(column(*parts, sizing_mode="stretch_width"), resources=bokeh.resources.INLINE,
                                  title="otel-graph report")
     with private_file(path) as out:  # OSError: reported by the command as one line

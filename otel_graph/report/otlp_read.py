@@ -2,8 +2,11 @@
 
 Each line is one export request; a line may hold spans (``resourceSpans``), metric
 points (``resourceMetrics``) or logs (skipped). Files are read line by line, and each
-span keeps only what the analyses use, so a 10^6-span file fits in memory easily.
-Nothing in a file is executed or unpickled: it is data.
+span keeps only what the analyses and the HTML report's trace browser show
+(:data:`KEPT_ATTRIBUTES`, its status message and, on a failed span, its ``exception``
+event), so a 10^6-span file fits in memory easily: text that repeats across spans
+(prefixes, workers, types, functions) is held once, and exception text is bounded per
+file (:class:`_Exceptions`). Nothing in a file is executed or unpickled: it is data.
 
 What a file can hold and still be read:
 
@@ -48,13 +51,18 @@ from typing import Any, NamedTuple
 
 from otel_graph.naming import INT64_MAX
 
-#: Span attributes the analyses read; the rest are dropped as lines are read.
+#: Span attributes the analyses read or the trace browser shows; the rest are dropped as lines are read.
 KEPT_ATTRIBUTES = frozenset({
     "dask.task.key", "dask.task.prefix", "dask.worker.id", "dask.worker.name", "thread.id",
     "dask.task.nbytes", "dask.task.type", "dask.task.dependencies", "dask.task.dependency_count",
     "dask.task.count", "dask.task.aggregate", "dask.task.duration.sum", "dask.task.duration.max",
     "dask.task.recovered", "dask.scheduler", "dask.graph.tasks", "error.type", "dask.transfer.bytes",
     "dask.transfer.source",
+    # shown by the trace browser only
+    "code.function.name", "dask.task.dependent_count", "dask.task.retries", "dask.task.attempt",
+    "dask.task.duration.min", "dask.task.duration.mean", "dask.span.name", "dask.span.id",
+    "dask.compute.tasks_done", "dask.compute.tasks_running", "dask.compute.tasks_waiting",
+    "dask.graph.tasks_lost", "otel_graph.incomplete", "otel_graph.processing_error",
 })
 KEPT_RESOURCE = frozenset({"service.name", "service.instance.id", "host.name", "process.pid",
                            "dask.worker.id", "dask.worker.name"})
@@ -63,6 +71,9 @@ ERROR = 2
 TIME_LIMIT_NS = 1 << 64
 #: The longest duration int64 nanoseconds hold (292 years).
 MAX_SECONDS = INT64_MAX / 1e9
+#: Exception and status text kept per file; past it, failed spans keep a short message only.
+EXCEPTION_CHARS = 20_000_000
+SPARE_CHARS = 200
 
 
 class BadTelemetryFile(ValueError):
@@ -79,6 +90,9 @@ class Span(NamedTuple):
     attributes: dict[str, Any]
     status_code: int
     resource: dict[str, Any]
+    status_message: str = ""
+    #: A failed span's ``exception`` event: (type, message, stack trace).
+    exception: tuple[str, str, str] | None = None
 
     @property
     def duration_ns(self) -> int:
@@ -151,6 +165,7 @@ class TelemetryFile:
         self._first_skipped: tuple[int, str] | None = None
         #: What was left out as out of range, e.g. ``{"dask.task.nbytes (dropped)": 2}``.
         self.unusable: Counter[str] = Counter()
+        self._exceptions = _Exceptions()
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, progress: Callable[[int], None] | None = None) -> TelemetryFile:
@@ -217,7 +232,7 @@ class TelemetryFile:
         try:
             for number, request in self._requests():
                 try:
-                    spans.extend(_spans_of(request, self.unusable))
+                    spans.extend(_spans_of(request, self.unusable, self._exceptions))
                     if point_names:
                         points.extend(p for p in _points_of(request, self.unusable)
                                       if p.name.startswith(point_names))
@@ -231,7 +246,7 @@ class TelemetryFile:
     def spans(self) -> Iterator[Span]:
         for number, request in self._requests():
             try:
-                spans = list(_spans_of(request, self.unusable))
+                spans = list(_spans_of(request, self.unusable, self._exceptions))
             except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
                 raise BadTelemetryFile(f"{self.path}:{number}: malformed span data ({_reason(exc)})") from None
             yield from spans
@@ -295,6 +310,11 @@ def _int_or_drop(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _shared(value: Any) -> str:
+    """Text that repeats across spans (a prefix, a worker), held once however many spans carry it."""
+    return sys.intern(value if isinstance(value, str) else json.dumps(value))
+
+
 # What each attribute the analyses read must be: a bad essential value rejects the file
 # (raise ValueError), a bad descriptive one is dropped (None), a key of any shape becomes
 # text. An out-of-range value (_OutOfRange) skips its span if it is essential (_ESSENTIAL),
@@ -309,9 +329,12 @@ _CHECKS: dict[str, Any] = {
     "thread.id": _int_or_drop,
     "dask.graph.tasks": _int_or_drop,
     "dask.task.key": lambda v: v if isinstance(v, str) else json.dumps(v),
-    "dask.task.prefix": lambda v: v if isinstance(v, str) else json.dumps(v),
-    "dask.worker.id": str,
-    "dask.worker.name": str,
+    "dask.task.prefix": _shared,
+    "dask.worker.id": lambda v: sys.intern(str(v)),
+    "dask.worker.name": lambda v: sys.intern(str(v)),
+    "dask.task.type": _shared,
+    "code.function.name": _shared,
+    "dask.scheduler": _shared,
     "dask.task.recovered": lambda v: v if v is True else None,
 }
 
@@ -358,7 +381,45 @@ def _resource(entry: dict[str, Any]) -> dict[str, str]:
     return {k: str(v) for k, v in _attributes(entry.get("resource", {}).get("attributes", ()), KEPT_RESOURCE).items()}
 
 
-def _spans_of(request: dict[str, Any], unusable: Counter[str]) -> Iterator[Span]:
+class _Exceptions:
+    """Exception and status text of one file's spans, bounded: each distinct text held once
+    (a thousand tasks failing alike share one stack trace), a message cut at 4,096
+    characters and a stack trace at 16,384 (its end kept), as otel_graph cuts them; past
+    :data:`EXCEPTION_CHARS` of distinct text, each is cut to :data:`SPARE_CHARS` (a storm of
+    10^5 failures with different messages must not take gigabytes).
+    """
+
+    def __init__(self) -> None:
+        self._held: dict[str, str] = {}
+        self._chars = 0
+
+    def text(self, value: Any, limit: int, *, end: bool = False) -> str:
+        text = value if isinstance(value, str) else "" if value is None else json.dumps(value)
+        if len(text) > limit:
+            text = "…" + text[1 - limit:] if end else text[:limit - 1] + "…"
+        held = self._held.get(text)
+        if held is None:
+            if self._chars >= EXCEPTION_CHARS:
+                return text[-SPARE_CHARS:] if end else text[:SPARE_CHARS]
+            self._chars += len(text)
+            held = self._held[text] = text
+        return held
+
+    def of(self, events: Any) -> tuple[str, str, str] | None:
+        """The last ``exception`` event's type, message and stack trace; None if none can be read."""
+        for event in reversed(events) if isinstance(events, list) else ():
+            if isinstance(event, dict) and event.get("name") == "exception":
+                try:  # what it says is descriptive: an unreadable event is left out, never refuses the file
+                    found = _attributes(event.get("attributes") or [])
+                except (KeyError, TypeError, AttributeError, ValueError, OverflowError, RecursionError):
+                    return None
+                return (self.text(found.get("exception.type"), 256), self.text(found.get("exception.message"), 4096),
+                        self.text(found.get("exception.stacktrace"), 16384, end=True))
+        return None
+
+
+def _spans_of(request: dict[str, Any], unusable: Counter[str], exceptions: _Exceptions | None = None) -> Iterator[Span]:
+    exceptions = exceptions or _Exceptions()
     for resource_spans in request.get("resourceSpans", ()):
         resource = _resource(resource_spans)
         for scope_spans in resource_spans.get("scopeSpans", ()):
@@ -369,11 +430,14 @@ def _spans_of(request: dict[str, Any], unusable: Counter[str]) -> Iterator[Span]
                 except _SkipSpan as skipped:
                     unusable[str(skipped)] += 1
                     continue
+                status = span.get("status", {})
+                code, message = int(status.get("code", 0)), status.get("message")
                 yield Span(
                     _id(span["traceId"], "traceId"), _id(span["spanId"], "spanId"),
                     _id(span.get("parentSpanId", ""), "parentSpanId"), str(span.get("name", "")),
                     start, max(start, end),  # a clock that stepped back must not make negative time
-                    attributes, int(span.get("status", {}).get("code", 0)), resource,
+                    attributes, code, resource, exceptions.text(message, 4096) if message else "",
+                    exceptions.of(span.get("events")) if code == ERROR else None,
                 )
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
@@ -32,6 +32,7 @@ from otel_graph.report.analysis import (
     slowest_tasks,
     worker_balance,
 )
+from otel_graph.report.labels import seconds
 from otel_graph.report.otlp_read import Point, Progress, Span, TelemetryFile
 
 #: Computes whose critical path is printed (the longest first).
@@ -46,6 +47,9 @@ class Loaded:
     computes: list[Compute]
     points: list[Point]
     duplicates: int = 0  # spans read twice (same trace and span id), counted once
+    #: Every distinct span by trace id (:attr:`otel_graph.report.analysis.Grouped.traces`): what the
+    #: HTML report's trace browser draws, progress, phase and users' own spans included.
+    traces: dict[str, list[Span]] = field(default_factory=dict)
 
 
 def write_html(loaded: Loaded, path: Path) -> None:
@@ -75,20 +79,7 @@ def read_files(paths: Sequence[str | os.PathLike[str]], *, point_names: tuple[st
 def load(paths: Sequence[str | os.PathLike[str]], *, progress: bool | None = None) -> Loaded:
     spans, points = read_files(paths, point_names=("hw.gpu.", "process.", "system.", "dask."), progress=progress)
     grouped = group(spans)
-    return Loaded(grouped.computes, points, grouped.duplicates)
-
-
-def _seconds(value: float) -> str:
-    """A duration; negative ones (an offset before the compute's start, from clock skew) signed."""
-    if value < 0:
-        return "-" + _seconds(-value)
-    if value >= 100:
-        return f"{value:.0f} s"
-    if value >= 1:
-        return f"{value:.2f} s"
-    if value >= 1e-3:
-        return f"{value * 1e3:.1f} ms"
-    return f"{value * 1e6:.0f} µs"
+    return Loaded(grouped.computes, points, grouped.duplicates, grouped.traces)
 
 
 def _cell(value: object) -> str:
@@ -142,7 +133,7 @@ def render(loaded: Loaded, out: TextIO, *, top: int = 10) -> None:
     rows = prefix_table(computes, loaded.points)
     _table(out, ["prefix", "duration", "% total", "tasks", "mean", "mean output", "MB/s", "GPU util",
                  "GPU mem", "errors"],
-           [[r.prefix, _seconds(r.duration_s), f"{100 * r.share:.1f}", str(r.tasks), _seconds(r.mean_s),
+           [[r.prefix, seconds(r.duration_s), f"{100 * r.share:.1f}", str(r.tasks), seconds(r.mean_s),
              _bytes(r.mean_bytes), f"{r.throughput_mb_s:.1f}",
              "-" if r.gpu_utilization is None else f"{100 * r.gpu_utilization:.0f}%",
              "-" if r.gpu_memory_bytes is None else _bytes(r.gpu_memory_bytes), str(r.errors)] for r in rows])
@@ -150,15 +141,15 @@ def render(loaded: Loaded, out: TextIO, *, top: int = 10) -> None:
     out.write("\nSlowest tasks\n")
     _table(out, ["key", "prefix", "worker", "duration", "output"],
            [[str(s.attributes.get("dask.task.key", "")), str(s.attributes.get("dask.task.prefix", s.name)),
-             str(s.attributes.get("dask.worker.id", "")), _seconds(s.duration_ns / 1e9),
+             str(s.attributes.get("dask.worker.id", "")), seconds(s.duration_ns / 1e9),
              _bytes(s.attributes["dask.task.nbytes"]) if isinstance(s.attributes.get("dask.task.nbytes"), int)
              else "-"] for s in slowest_tasks(computes, top=top)])
 
     workers, begin, end = worker_balance(computes)
     if workers:
-        out.write(f"\nWorker balance: tasks running at once, in 10 slices of {_seconds((end - begin) / 10 / 1e9)}\n")
+        out.write(f"\nWorker balance: tasks running at once, in 10 slices of {seconds((end - begin) / 10 / 1e9)}\n")
         _table(out, ["worker", "tasks", "busy", *[f"t{i}" for i in range(10)]],
-               [[w.worker, str(w.tasks), _seconds(w.busy_s), *[f"{c:.1f}" for c in w.concurrency]]
+               [[w.worker, str(w.tasks), seconds(w.busy_s), *[f"{c:.1f}" for c in w.concurrency]]
                 for w in workers])
 
     for path in sorted((critical_path(c) for c in computes), key=lambda p: p.compute.wall_ns,
@@ -171,15 +162,15 @@ def _render_path(path: CriticalPath, out: TextIO) -> None:
     wall = compute.wall_ns / 1e9
     state = ", incomplete: its dask.compute span is missing" if compute.incomplete else ""
     out.write(f"\nCritical path of the compute at {_cell(compute.root.span_id)} "
-              f"({compute.task_count} tasks, wall {_seconds(wall)}{state})\n")
+              f"({compute.task_count} tasks, wall {seconds(wall)}{state})\n")
     if not path.steps:
         out.write("  no task spans with keys under this compute\n")
         return
     share = path.on_path_ns / compute.wall_ns if compute.wall_ns else 0.0
-    unseen = (f", and {_seconds(path.unseen_ns / 1e9)} waiting on aggregated tasks (not known to be idle)"
+    unseen = (f", and {seconds(path.unseen_ns / 1e9)} waiting on aggregated tasks (not known to be idle)"
               if path.unseen_ns else "")
-    out.write(f"  {len(path.steps)} tasks; on the path {_seconds(path.on_path_ns / 1e9)} "
-              f"({100 * share:.0f}% of wall), idle gaps {_seconds(path.gaps_ns / 1e9)}{unseen}\n")
+    out.write(f"  {len(path.steps)} tasks; on the path {seconds(path.on_path_ns / 1e9)} "
+              f"({100 * share:.0f}% of wall), idle gaps {seconds(path.gaps_ns / 1e9)}{unseen}\n")
     steps = path.steps
     half = PATH_STEPS_SHOWN // 2
     shown: list[Step | None] = [*steps] if len(steps) <= PATH_STEPS_SHOWN else [*steps[:half], None, *steps[-half:]]
@@ -191,7 +182,7 @@ def _render_path(path: CriticalPath, out: TextIO) -> None:
         span = step.span
         rows.append([str(span.attributes.get("dask.task.key", "")), str(span.attributes.get("dask.task.prefix", "")),
                      str(span.attributes.get("dask.worker.id", "")),
-                     _seconds((span.start_ns - compute.root.start_ns) / 1e9), _seconds(span.duration_ns / 1e9),
+                     seconds((span.start_ns - compute.root.start_ns) / 1e9), seconds(span.duration_ns / 1e9),
                      _waited(step)])
     _table(out, ["key", "prefix", "worker", "starts at", "duration", "waited"], rows)
     if any(step.truncated for step in steps):
@@ -203,7 +194,7 @@ def _render_path(path: CriticalPath, out: TextIO) -> None:
 
 
 def _waited(step: Step) -> str:
-    text = _seconds(step.gap_ns / 1e9)
+    text = seconds(step.gap_ns / 1e9)
     if step.unseen:
         text += " via " + ", ".join(f"{count} aggregated {prefix}" for prefix, count in sorted(step.unseen.items()))
     return text + (" *" if step.truncated else "")
