@@ -94,7 +94,7 @@ docs: $(STAMP)
 
 # The README's picture: the demo's HTML report, in the headless Chromium the tests use.
 screenshot: $(STAMP) $(SYSTEM)
-	cd tests && ../$(VENV)/bin/python screenshot.py ../docs/images/report.png
+	cd tests && ../$(VENV)/bin/python screenshot.py ../docs/images
 
 test: lint docs $(STAMP) $(SYSTEM) $(NODE_STAMP)
 	$(VENV)/bin/python $(PYTEST) $(PYTEST_ARGS)

@@ -9,6 +9,7 @@ have drawn anything (Bokeh's plots draw into such canvases once its JavaScript h
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -63,6 +64,49 @@ DRAWN_TEXT = """() => {
     }
     return out.join('\\n');
 }"""
+
+
+# The trace browser (otel_graph.report.waterfall), found by its models' names.
+# The page position of the first row whose data match, and its index; the plot scrolled into view.
+SPAN_BAR = """(pick) => {
+    const doc = Bokeh.documents[0];
+    const plot = doc.get_model_by_name("trace-browser-waterfall");
+    const d = doc.get_model_by_name("trace-browser-spans").data;
+    let i = 0;
+    while (i < d.row.length && !Object.entries(pick).every(([k, v]) => String(d[k][i]).includes(v))) i++;
+    if (i === d.row.length) return null;
+    const view = Bokeh.index.find_one(plot);
+    view.el.scrollIntoView({block: "center"});
+    const box = view.canvas_view.el.getBoundingClientRect();
+    return {i, x: box.left + view.frame.x_scale.compute((d.left[i] + d.right[i]) / 2),
+            y: box.top + view.frame.y_scale.compute(d.row[i])};
+}"""
+MODEL_TEXT = "(name) => { const m = Bokeh.documents[0].get_model_by_name(name); return m.text ?? m.value; }"
+# What a person reads in a Div: its rendered text (Bokeh draws a Div in a shadow root, with its styles).
+SHOWN_TEXT = """(name) => {
+    const view = Bokeh.index.find_one(Bokeh.documents[0].get_model_by_name(name));
+    const root = view.el.shadowRoot ?? view.el;
+    return Array.from(root.children).filter((e) => e.tagName !== "STYLE" && e.tagName !== "LINK")
+        .map((e) => e.innerText).join(" ");
+}"""
+ROW_LABELS = "() => Array.from(Bokeh.documents[0].get_model_by_name('trace-browser-spans').data.label)"
+COMPUTE_OPTIONS = "() => Bokeh.documents[0].get_model_by_name('trace-browser-select').options"
+
+
+def click_span(page, **pick: str) -> None:
+    bar = page.evaluate(SPAN_BAR, pick)
+    assert bar is not None, f"no row with {pick}: {page.evaluate(ROW_LABELS)}"
+    page.wait_for_timeout(600)  # at a person's pace: two clicks closer in time are a double click to Bokeh
+    page.mouse.click(bar["x"], bar["y"])
+
+
+def choose_compute(page, text: str) -> str:
+    """Choose the compute whose Select option holds ``text`` in the page's <select>; its option's label."""
+    (label,) = [label for _, label in page.evaluate(COMPUTE_OPTIONS) if text in label]
+    page.locator("select").filter(has_text=label).select_option(label=label)
+    number = json.dumps(label.split(" · ")[0])
+    page.wait_for_function(f"() => ({MODEL_TEXT})('trace-browser-summary').includes({number})")
+    return label
 
 
 @contextmanager

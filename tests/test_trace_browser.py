@@ -12,7 +12,6 @@ A compute of 100,000 task spans, built in memory, checks the caps and the page's
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -50,58 +49,12 @@ def runs(tmp_path_factory) -> dict[str, Path]:
 
 
 def _page(paths: list[Path], target: Path) -> str:
-    """The report's page for ``paths``; the browser's layout alone if the page does not hold it yet."""
+    """The report's page for ``paths``, as the command writes it."""
     run = cli("report", *map(str, paths), "--html", str(target))
     assert run.returncode == 0, run.stderr
-    if "trace-browser-select" not in target.read_text(encoding="utf-8"):
-        import bokeh.embed
-        import bokeh.resources
-
-        layout = trace_browser(load(paths, progress=False), colour_of=COLOURS)
-        target.write_text(bokeh.embed.file_html(layout, resources=bokeh.resources.INLINE, title="trace browser"),
-                          encoding="utf-8", errors="backslashreplace")
-    return target.read_text(encoding="utf-8")
-
-
-# The page position of the first row whose data match, and its index; the plot scrolled into view.
-_BAR = """(pick) => {
-    const doc = Bokeh.documents[0];
-    const plot = doc.get_model_by_name("trace-browser-waterfall");
-    const d = doc.get_model_by_name("trace-browser-spans").data;
-    let i = 0;
-    while (i < d.row.length && !Object.entries(pick).every(([k, v]) => String(d[k][i]).includes(v))) i++;
-    if (i === d.row.length) return null;
-    const view = Bokeh.index.find_one(plot);
-    view.el.scrollIntoView({block: "center"});
-    const box = view.canvas_view.el.getBoundingClientRect();
-    return {i, x: box.left + view.frame.x_scale.compute((d.left[i] + d.right[i]) / 2),
-            y: box.top + view.frame.y_scale.compute(d.row[i])};
-}"""
-_MODEL = "(name) => { const m = Bokeh.documents[0].get_model_by_name(name); return m.text ?? m.value; }"
-# What a person reads in a Div: its rendered text (Bokeh draws a Div in a shadow root, with its styles).
-_SHOWN = """(name) => {
-    const view = Bokeh.index.find_one(Bokeh.documents[0].get_model_by_name(name));
-    const root = view.el.shadowRoot ?? view.el;
-    return Array.from(root.children).filter((e) => e.tagName !== "STYLE" && e.tagName !== "LINK")
-        .map((e) => e.innerText).join(" ");
-}"""
-_LABELS = "() => Array.from(Bokeh.documents[0].get_model_by_name('trace-browser-spans').data.label)"
-_OPTIONS = "() => Bokeh.documents[0].get_model_by_name('trace-browser-select').options"
-
-
-def _click(page, **pick: str) -> None:
-    bar = page.evaluate(_BAR, pick)
-    assert bar is not None, f"no row with {pick}: {page.evaluate(_LABELS)}"
-    page.wait_for_timeout(600)  # at a person's pace: two clicks closer in time are a double click to Bokeh
-    page.mouse.click(bar["x"], bar["y"])
-
-
-def _choose(page, text: str) -> str:
-    """Choose the compute whose Select option holds ``text`` in the page's <select>; its option's label."""
-    (label,) = [label for _, label in page.evaluate(_OPTIONS) if text in label]
-    page.locator("select").filter(has_text=label).select_option(label=label)
-    page.wait_for_function(f"() => ({_MODEL})('trace-browser-summary').includes({json.dumps(label.split(' · ')[0])})")
-    return label
+    page = target.read_text(encoding="utf-8")
+    assert "trace-browser-select" in page, "the report's page holds the trace browser"
+    return page
 
 
 @needs_chromium
@@ -119,28 +72,29 @@ def test_a_person_browses_the_traces_of_real_runs(runs, tmp_path):
         assert page.wait_for_function(f"() => ({browser.INKED_CANVASES})() >= 1", timeout=30_000)
         assert "Trace browser" in page.evaluate(browser.LEAF_TEXT)
 
-        failing = _choose(page, "failed")
-        labels = page.evaluate(_LABELS)
+        failing = browser.choose_compute(page, "failed")
+        labels = page.evaluate(browser.ROW_LABELS)
         assert labels[0] == "dask.compute" and any("('boom', 0)" in label for label in labels), labels
-        _click(page, what="task", status="ERROR")
-        page.wait_for_function(f"() => ({_MODEL})('trace-browser-details').includes('RuntimeError')")
-        shown = page.evaluate(_SHOWN, "trace-browser-details")
+        browser.click_span(page, what="task", status="ERROR")
+        page.wait_for_function(f"() => ({browser.MODEL_TEXT})('trace-browser-details').includes('RuntimeError')")
+        shown = page.evaluate(browser.SHOWN_TEXT, "trace-browser-details")
         assert "RuntimeError: task failed on purpose at 1" in shown and "in boom" in shown, shown[-2000:]
         assert "dask.task.key" in shown and "('boom', 0)" in shown, "the attributes table"
 
-        _choose(page, "· 20 tasks")
-        assert page.evaluate(_LABELS) != labels, "the rows are the other compute's"
-        said = page.evaluate(_SHOWN, "trace-browser-summary")
+        browser.choose_compute(page, "· 20 tasks")
+        assert page.evaluate(browser.ROW_LABELS) != labels, "the rows are the other compute's"
+        said = page.evaluate(browser.SHOWN_TEXT, "trace-browser-summary")
         assert f"{aggregated} of its 20 tasks have no span of their own" in said, said
-        assert not any("boom" in label for label in page.evaluate(_LABELS))
-        _click(page, what="aggregate")
-        page.wait_for_function(f"() => ({_MODEL})('trace-browser-details').includes('Stands for')")
-        said = page.evaluate(_SHOWN, "trace-browser-details")
+        assert not any("boom" in label for label in page.evaluate(browser.ROW_LABELS))
+        browser.click_span(page, what="aggregate")
+        page.wait_for_function(f"() => ({browser.MODEL_TEXT})('trace-browser-details').includes('Stands for')")
+        said = page.evaluate(browser.SHOWN_TEXT, "trace-browser-details")
         assert f"Stands for {aggregated} inc tasks past the span budget" in said, said
-        assert f"· inc ×{aggregated} tasks (aggregate)" in page.evaluate(_LABELS), page.evaluate(_LABELS)
+        rows = page.evaluate(browser.ROW_LABELS)
+        assert f"· inc ×{aggregated} tasks (aggregate)" in rows, rows
 
-        _choose(page, "#1 ")  # back to the first: the failing compute's rows come back
-        assert "failed" in failing and page.evaluate(_LABELS) == labels
+        browser.choose_compute(page, "#1 ")  # back to the first: the failing compute's rows come back
+        assert "failed" in failing and page.evaluate(browser.ROW_LABELS) == labels
         problems = page.problems
     assert problems == []
 
@@ -259,9 +213,9 @@ def test_hostile_text_shows_as_text(tmp_path):
         page.wait_for_function("() => window.Bokeh && Bokeh.documents.length && "
                                "Bokeh.documents[0].get_model_by_name('trace-browser-waterfall')", timeout=30_000)
         page.wait_for_function(f"() => ({browser.INKED_CANVASES})() >= 1", timeout=30_000)
-        _click(page, status="ERROR", what="task")
-        page.wait_for_function(f"() => ({_MODEL})('trace-browser-details').includes('Bold')")
-        shown = page.evaluate(_SHOWN, "trace-browser-details")
+        browser.click_span(page, status="ERROR", what="task")
+        page.wait_for_function(f"() => ({browser.MODEL_TEXT})('trace-browser-details').includes('Bold')")
+        shown = page.evaluate(browser.SHOWN_TEXT, "trace-browser-details")
         pwned = page.evaluate("() => window.pwned ?? null")
         problems = page.problems
     assert shown.count(hostile) >= 3 and "<b>Bold</b>" in shown and "<script>window.pwned=2</script>" in shown
