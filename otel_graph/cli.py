@@ -98,6 +98,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.html is not None:
             from otel_graph.report.html import write_html
 
+            if sys.stderr.isatty():  # a large trace's page takes seconds: say what is happening
+                print(f"writing {args.html} ...", file=sys.stderr, flush=True)
             write_html(loaded, args.html)
             _say(lambda: print(f"\nHTML report: {args.html}"))
         return 0

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import re
 import stat
 import subprocess
 import sys
@@ -136,6 +138,31 @@ def test_a_collectors_file_exporter_output_is_read(tmp_path):
     assert "1 computes, 1 tasks" in run.stdout
     row = run.stdout.split("Bottlenecks by task prefix\n")[1].splitlines()[1].split()
     assert row[0] == "inc" and row[1:3] == ["1.00", "s"] and row[-1] == "1"  # one error
+
+
+def test_report_shows_a_progress_bar_on_a_terminal_and_none_when_piped(recorded, tmp_path):
+    import pty
+
+    args = [*CLI, "report", str(recorded / "traces.jsonl"), "--html", str(tmp_path / "page.html")]
+    piped = subprocess.run(args, env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    assert piped.returncode == 0 and "reading [" not in piped.stderr and "writing" not in piped.stderr
+    leader, follower = pty.openpty()
+    with os.fdopen(leader, "rb", buffering=0) as terminal:
+        run = subprocess.run(args, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=follower, timeout=120)
+        os.close(follower)
+        shown = b""
+        while True:
+            try:
+                chunk = terminal.read(4096)
+            except OSError:  # the terminal's other end closed: all was read
+                break
+            if not chunk:
+                break
+            shown += chunk
+    assert run.returncode == 0
+    text = shown.decode("utf-8", "replace")
+    assert re.search(r"reading \[#{36}\] 100%", text), text
+    assert f"writing {tmp_path / 'page.html'}" in text
 
 
 @pytest.mark.slow

@@ -467,7 +467,13 @@ def _points_of(request: dict[str, Any], unusable: Counter[str]) -> Iterator[Poin
 
 
 class Progress:
-    """Bytes read of all files, shown on stderr every half second when it is a terminal or forced."""
+    """Bytes read of all files, as a bar on stderr redrawn every half second, where stderr is a
+    terminal (or ``enabled=True``); piped or redirected, nothing is written.
+
+    ``reading [###########.........................]  31%  33/104 MB``
+    """
+
+    WIDTH = 36
 
     def __init__(self, total: int, *, label: str, enabled: bool | None = None) -> None:
         self._total, self._label, self._done, self._shown = max(total, 1), label, 0, 0.0
@@ -478,10 +484,18 @@ class Progress:
         now = time.monotonic()
         if self._enabled and now - self._shown >= 0.5:
             self._shown = now
-            sys.stderr.write(f"\r{self._label}: {100 * self._done / self._total:5.1f}%")
-            sys.stderr.flush()
+            self._draw()
+
+    def _draw(self) -> None:
+        share = min(self._done / self._total, 1.0)
+        filled = int(share * self.WIDTH)
+        sys.stderr.write(f"\r{self._label} [{'#' * filled}{'.' * (self.WIDTH - filled)}] {100 * share:3.0f}%  "
+                         f"{self._done / 1e6:.0f}/{self._total / 1e6:.0f} MB")
+        sys.stderr.flush()
 
     def close(self) -> None:
         if self._enabled and self._shown:
-            sys.stderr.write(f"\r{self._label}: 100.0%\n")
+            self._done = self._total
+            self._draw()
+            sys.stderr.write("\n")
             sys.stderr.flush()
