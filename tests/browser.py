@@ -93,11 +93,14 @@ ROW_LABELS = "() => Array.from(Bokeh.documents[0].get_model_by_name('trace-brows
 COMPUTE_OPTIONS = "() => Bokeh.documents[0].get_model_by_name('trace-browser-select').options"
 
 
-def click_span(page, **pick: str) -> None:
-    bar = page.evaluate(SPAN_BAR, pick)
-    assert bar is not None, f"no row with {pick}: {page.evaluate(ROW_LABELS)}"
+def click_span(page: Any, **pick: str) -> None:
+    """Click the bar of the first row whose data hold ``pick``'s values; it must be the row selected."""
     page.wait_for_timeout(600)  # at a person's pace: two clicks closer in time are a double click to Bokeh
+    bar = page.evaluate(SPAN_BAR, pick)  # measured after the wait: a re-laid-out page has settled
+    assert bar is not None, f"no row with {pick}: {page.evaluate(ROW_LABELS)}"
     page.mouse.click(bar["x"], bar["y"])
+    selected = "() => Bokeh.documents[0].get_model_by_name('trace-browser-spans').selected.indices"
+    page.wait_for_function(f"() => ({selected})()[0] === {bar['i']}", timeout=10_000)
 
 
 def choose_compute(page, text: str) -> str:

@@ -73,6 +73,9 @@ def test_the_report_reads_at_a_glance(demo_page: Path, tmp_path: Path) -> None:
         first_before = page.evaluate(TABLE_FIRST_PREFIX)
         page.get_by_text("tasks", exact=True).first.click()  # sort by the task count, ascending
         first_after = page.evaluate(TABLE_FIRST_PREFIX)
+        page.wait_for_timeout(600)
+        page.get_by_text("time in tasks", exact=True).first.click()  # ascending: µs before ms before s
+        by_time = page.evaluate(TABLE_COLUMN, 1)
         problems = page.problems
 
     titles = [title for title, *_ in plots]
@@ -93,9 +96,29 @@ def test_the_report_reads_at_a_glance(demo_page: Path, tmp_path: Path) -> None:
     outlined = [lane for lane, line, width in bars if line == "#000000" and lane != "critical path (longest compute)"]
     assert len(outlined) == len(critical), "the path is outlined in its own lanes too"
 
-    assert re.search(r"\d+(\.\d)? (ms|µs|s)\b", text) and re.search(r"\d+\.\d (KiB|MiB)\b", text)
+    assert re.search(r"\d+(\.\d)? (ms|µs|s)\b", text) and re.search(r"\d+\.\d (kB|MB)\b", text)
     assert first_before != first_after, "the table sorted on a click of its header"
+    times = [_seconds(cell) for cell in by_time]
+    assert len(times) > 3 and times == sorted(times), f"'time in tasks' sorts as times, not text: {by_time}"
     assert problems == []
+
+
+#: The cells of one column of the bottleneck table, top to bottom, as shown.
+TABLE_COLUMN = """(column) => {
+    const rows = [];
+    const walk = (root) => root.querySelectorAll('*').forEach(el => {
+        if (el.shadowRoot) walk(el.shadowRoot);
+        if (el.classList && el.classList.contains('slick-row')) rows.push(el);
+    });
+    walk(document);
+    rows.sort((a, b) => parseFloat(a.style.top) - parseFloat(b.style.top));
+    return rows.map(row => row.querySelectorAll('.slick-cell')[column].textContent.trim());
+}"""
+
+
+def _seconds(text: str) -> float:
+    number, unit = text.split()
+    return float(number) * {"s": 1, "ms": 1e-3, "µs": 1e-6}[unit]
 
 
 #: The prefix in the bottleneck table's first row, as shown.

@@ -198,8 +198,10 @@ def test_the_computes_listed_are_capped_longest_and_failed_first():
 @needs_chromium
 def test_hostile_text_shows_as_text(tmp_path):
     hostile = "<img src=x onerror=window.pwned=1>"
+    # The prefix too: the bottleneck table shows it through an HTML template.
     task = _hand_span("01" * 8, "x", 0, 10, parent="00" * 8, attributes={
-        "dask.task.prefix": "x", "dask.task.key": f"x-{hostile}", hostile: hostile})
+        "dask.task.prefix": f"x{hostile}", "dask.task.key": f"x-{hostile}", "dask.worker.name": hostile,
+        hostile: hostile})
     task["status"] = {"code": 2, "message": hostile}
     task["events"] = [{"name": "exception", "attributes": [
         {"key": "exception.type", "value": {"stringValue": "<b>Bold</b>"}},
@@ -216,7 +218,19 @@ def test_hostile_text_shows_as_text(tmp_path):
         browser.click_span(page, status="ERROR", what="task")
         page.wait_for_function(f"() => ({browser.MODEL_TEXT})('trace-browser-details').includes('Bold')")
         shown = page.evaluate(browser.SHOWN_TEXT, "trace-browser-details")
+        page.wait_for_timeout(500)  # an injected <img>'s onerror would have fired by now
         pwned = page.evaluate("() => window.pwned ?? null")
+        injected = page.evaluate("""() => {
+            let found = 0;
+            const walk = (root) => root.querySelectorAll('*').forEach(el => {
+                if (el.shadowRoot) walk(el.shadowRoot);
+                if (['IMG', 'SCRIPT'].includes(el.tagName) && !el.closest('head')) found += el.tagName === 'IMG';
+            });
+            walk(document);
+            return found;
+        }""")
+        table = page.evaluate(browser.LEAF_TEXT)
         problems = page.problems
     assert shown.count(hostile) >= 3 and "<b>Bold</b>" in shown and "<script>window.pwned=2</script>" in shown
-    assert pwned is None and problems == []
+    assert pwned is None and injected == 0 and problems == []
+    assert f"x{hostile}" in table, "the table shows the hostile prefix as text"

@@ -6,7 +6,7 @@
 - ``text``: the text report (``otel-graph report``); ``html``: the self-contained HTML page
   (Bokeh), with ``plots`` (the task stream and readings), ``waterfall`` (the trace browser)
   and ``labels`` (names, colours, times and sizes as people read them); ``chrome``: Chrome
-  Trace Event JSON for Perfetto.
+  Trace Event JSON for Perfetto; ``progress``: the reading's bar on a terminal.
 - ``private_files``: files the command writes, owner-only and never half written.
 
 May import: only ``naming`` and ``errors`` at the top: the report reads files anywhere,

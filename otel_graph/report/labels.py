@@ -11,7 +11,7 @@ a worker's ``tcp://`` address, a process's instance UUID); the report shows name
 * a **prefix** keeps one colour in every plot and table of a page (:class:`Palette`): the
   prefixes that took the most time get the most distinct colours; red is kept for failures
   and black for the critical path;
-* times and sizes are written for people: ``12.3 ms``, ``16.0 MiB``.
+* times and sizes are written for people: ``12.3 ms``, ``16.8 MB``.
 
 >>> Labeller([]).process({"dask.worker.id": "tcp://10.0.0.1:8786", "dask.worker.name": "0"}, {})
 'worker 0 (10.0.0.1:8786)'
@@ -19,7 +19,7 @@ a worker's ``tcp://`` address, a process's instance UUID); the report shows name
 ...                      {"process.pid": 4242})
 'pid 4242'
 >>> seconds(0.0123), size(16_800_056)
-('12.3 ms', '16.0 MiB')
+('12.3 ms', '16.8 MB')
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ FAILED = "#d62728"
 #: The critical path's outline and its own track.
 CRITICAL = "#000000"
 #: Tableau's 20 colours without its reds (kept for failures): the first ten are the strongest.
-_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
+COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
             "#aec7e8", "#ffbb78", "#98df8a", "#c5b0d5", "#c49c94", "#f7b6d2", "#c7c7c7", "#dbdb8d", "#9edae5")
 
 
@@ -45,11 +45,11 @@ class Palette:
     def __init__(self, prefixes: Iterable[str]) -> None:
         self._colours: dict[str, str] = {}
         for prefix in prefixes:
-            self._colours.setdefault(prefix, _COLOURS[len(self._colours) % len(_COLOURS)])
+            self._colours.setdefault(prefix, COLOURS[len(self._colours) % len(COLOURS)])
         self._ranks = {prefix: rank for rank, prefix in enumerate(self._colours)}
 
     def __getitem__(self, prefix: str) -> str:
-        return self._colours.get(prefix, _COLOURS[6])
+        return self._colours.get(prefix, COLOURS[6])
 
     def as_dict(self) -> dict[str, str]:
         return dict(self._colours)
@@ -71,14 +71,17 @@ class Labeller:
         #: Whether names say their host: the data comes from more than one.
         self.with_host = len(hosts) > 1
         self._threads: dict[str, dict[Any, int]] = {}
+        self._gpus: dict[str, dict[str, int]] = {}
 
     def process(self, attributes: Mapping[str, Any], resource: Mapping[str, Any]) -> str:
         """Who ran a task (from its span's attributes) or sent a reading (from its resource)."""
         name = attributes.get("dask.worker.name", resource.get("dask.worker.name"))
         worker = str(attributes.get("dask.worker.id", resource.get("dask.worker.id", "")))
         if name is not None or worker.startswith(("tcp://", "tls://", "inproc://", "ucx://", "ws://", "wss://")):
-            label = f"worker {name}" if name is not None else "worker"
-            if worker and _address(worker) != str(name):
+            # A worker started without --name is named by its address: say it once.
+            named = name is not None and _address(str(name)) != _address(worker)
+            label = f"worker {name}" if named else f"worker {_address(worker)}" if worker else f"worker {name}"
+            if named and worker:
                 label += f" ({_address(worker)})"
             return label
         thread = attributes.get("thread.id")
@@ -90,14 +93,25 @@ class Labeller:
             label += f" on {resource['host.name']}"
         return label
 
+    def gpu(self, attributes: Mapping[str, Any], resource: Mapping[str, Any]) -> str:
+        """``GPU 0 (NVIDIA A100)``: numbered per host in the order first seen, never by its UUID."""
+        host = str(resource.get("host.name", ""))
+        numbers = self._gpus.setdefault(host, {})
+        number = numbers.setdefault(str(attributes.get("hw.id", "")), len(numbers))
+        name = attributes.get("hw.name")
+        label = f"GPU {number}" + (f" ({name})" if name else "")
+        return label + (f" on {host}" if self.with_host and host else "")
+
     def lane(self, attributes: Mapping[str, Any], resource: Mapping[str, Any]) -> str:
         """A task's lane: its process and that process's thread number, counted as first seen.
 
         Give spans in start order, so that thread 0 is the one that ran first.
         """
         process = self.process(attributes, resource)
-        threads = self._threads.setdefault(process, {})
         thread = attributes.get("thread.id", attributes.get("dask.worker.id"))
+        if thread == 0 and process.startswith("worker"):  # a worker that did not know the thread says 0
+            return f"{process} · thread ?"
+        threads = self._threads.setdefault(process, {})
         number = threads.setdefault(thread, len(threads))
         return f"{process} · thread {number}"
 
@@ -116,9 +130,9 @@ def seconds(value: float) -> str:
 
 
 def size(value: float) -> str:
-    """``16.0 MiB``, ``512 B``: binary units, as ``dask.utils.format_bytes`` and the plots' axes write them."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
+    """``16.8 MB``, ``512 B``: decimal units, as the text report and the plots' axes write them."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(value) < 1000 or unit == "TB":
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"
+        value /= 1000
+    return f"{value:.1f} TB"

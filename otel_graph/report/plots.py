@@ -19,17 +19,18 @@ Bokeh is imported inside the functions: it is the ``report`` extra's.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
 from otel_graph.report.analysis import Compute, critical_path
-from otel_graph.report.labels import CRITICAL, FAILED, Labeller, Palette, seconds, size
+from otel_graph.report.labels import COLOURS, CRITICAL, FAILED, Labeller, Palette, seconds, size
 from otel_graph.report.otlp_read import Point, Span
 
 MAX_BARS = 50_000
-#: Prefixes named in the task stream's legend (most time first); the table lists them all.
-LEGEND_PREFIXES = 20
+#: Prefixes named in the task stream's legend (most time first): one per colour; the table lists them all.
+LEGEND_PREFIXES = len(COLOURS)
 CRITICAL_TRACK = "critical path (longest compute)"
 TIME_AXIS = "seconds since the first compute started"
 _TOOLS = "xpan,xwheel_zoom,box_zoom,reset,save"
@@ -46,10 +47,12 @@ def task_stream(computes: Sequence[Compute], *, origin: int, palette: Palette, l
     from bokeh.plotting import figure
 
     spans = [s for c in computes for s in c.tasks if "dask.task.count" not in s.attributes]
-    shown = sorted(spans, key=lambda s: s.duration_ns, reverse=True)[:MAX_BARS]
-    shown.sort(key=lambda s: s.start_ns)  # lanes numbered in the order threads first ran
     longest = max(computes, key=lambda c: c.wall_ns, default=None)
     on_path = {step.span.span_id for step in critical_path(longest).steps} if longest else set()
+    # The critical path is always drawn, short tasks and all; the longest of the rest fill the bars.
+    rest = sorted((s for s in spans if s.span_id not in on_path), key=lambda s: s.duration_ns, reverse=True)
+    shown = [s for s in spans if s.span_id in on_path] + rest[:max(MAX_BARS - len(on_path), 0)]
+    shown.sort(key=lambda s: s.start_ns)  # lanes numbered in the order threads first ran
 
     data: dict[str, list[Any]] = defaultdict(list)
     first_row: dict[str, int] = {}  # a row per prefix whose glyph the legend shows: a plain one where there is
@@ -81,7 +84,7 @@ def task_stream(computes: Sequence[Compute], *, origin: int, palette: Palette, l
         if span.span_id in on_path:
             bar(span, CRITICAL_TRACK, critical=True)
     # A categorical axis stacks its factors from the bottom: the critical track goes on top,
-    # then each process's threads in order.
+    # then each process's threads in order, read downwards.
     factors = sorted(lanes, key=_lane_order, reverse=True) + ([CRITICAL_TRACK] if on_path else [])
     legend_rows = min(len(first_row), LEGEND_PREFIXES + 1)
     plot = figure(title="Task stream: a lane per worker thread; black outline and top track: the critical path",
@@ -108,18 +111,20 @@ def _legend_height(items: int) -> int:
     return 22 * items + 70
 
 
-def _lane_order(lane: str) -> tuple[str, int]:
+def _lane_order(lane: str) -> tuple[list[tuple[int, Any]], int]:
+    """Processes in natural order (worker 2 before worker 10), then their threads 0, 1, …"""
     process, _, thread = lane.rpartition(" · thread ")
-    return process, -int(thread) if thread.isdigit() else 0
+    natural = [(0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", process) if part]
+    return natural, int(thread) if thread.isdigit() else -1
 
 
-#: (title, y axis label, tick format, metric names, how a point's series is named)
+#: (title, y axis label, tick format, metric names)
 _READINGS = (
     ("CPU", "busy share of all CPUs", "0%", ("process.cpu.utilization", "system.cpu.utilization")),
-    ("Memory (resident)", "bytes", "0.0 b", ("process.memory.usage",)),
+    ("Memory (resident)", "bytes", "0.0 d", ("process.memory.usage",)),
     ("GPU utilization", "busy share of the GPU", "0%", ("hw.gpu.utilization",)),
-    ("GPU memory", "bytes", "0.0 b", ("hw.gpu.memory.usage",)),
-    ("Results held in memory", "bytes", "0.0 b", ("dask.memory.usage", "dask.worker.memory.usage")),
+    ("GPU memory", "bytes", "0.0 d", ("hw.gpu.memory.usage",)),
+    ("Results held in memory", "bytes", "0.0 d", ("dask.memory.usage", "dask.worker.memory.usage")),
 )
 
 
@@ -144,9 +149,10 @@ def _series(points: Sequence[Point], names: tuple[str, ...], origin: int,
         if point.name == "system.cpu.utilization":
             if attributes.get("cpu.mode") in ("idle", "iowait", "steal"):
                 continue
-            label = f"machine{' ' + str(point.resource['host.name']) if labeller.with_host else ''}"
+            host = point.resource.get("host.name")
+            label = f"machine {host}" if labeller.with_host and host else "machine"
         elif point.name == "hw.gpu.utilization" or point.name == "hw.gpu.memory.usage":
-            label = f"GPU {attributes.get('hw.name', '')} {str(attributes.get('hw.id', ''))[:12]}".strip()
+            label = labeller.gpu(attributes, point.resource)
         elif point.name == "dask.worker.memory.usage":
             if attributes.get("dask.memory.state") != "managed":  # unmanaged is not results; spilled, not memory
                 continue
@@ -162,7 +168,6 @@ def _series(points: Sequence[Point], names: tuple[str, ...], origin: int,
 def _steps(series: dict[str, dict[float, float]], *, title: str, unit: str, ticks: str, x_range: Any) -> Any:
     from bokeh.models import NumeralTickFormatter
     from bokeh.models.annotations.legends import Legend, LegendItem
-    from bokeh.palettes import Category10
     from bokeh.plotting import figure
 
     plot = figure(title=title, height=max(220, _legend_height(len(series))), sizing_mode="stretch_width",
@@ -171,7 +176,7 @@ def _steps(series: dict[str, dict[float, float]], *, title: str, unit: str, tick
     items = []
     for index, (label, values) in enumerate(sorted(series.items())):
         times = sorted(values)
-        colour = Category10[10][index % 10]
+        colour = COLOURS[index % len(COLOURS)]
         line: Any = plot.step(times, [values[t] for t in times], mode="after", color=colour, line_width=2)
         items.append(LegendItem(label=label[:60], renderers=[line]))
     legend = Legend(items=items, click_policy="hide", label_text_font_size="9pt")

@@ -33,7 +33,8 @@ from otel_graph.report.analysis import (
     worker_balance,
 )
 from otel_graph.report.labels import seconds
-from otel_graph.report.otlp_read import Point, Progress, Span, TelemetryFile
+from otel_graph.report.otlp_read import Point, Span, TelemetryFile
+from otel_graph.report.progress import Progress
 
 #: Computes whose critical path is printed (the longest first).
 PATHS_SHOWN = 3

@@ -35,7 +35,7 @@ last 4,000 characters) until a page holds :data:`MAX_EXCEPTION_CHARS` of it, the
 >>> rows.columns["label"], rows.columns["colour"]
 (['dask.compute', '· load ×1,234 tasks (aggregate)', '· user.step'], ['#5f6b7a', '#1f77b4', '#d62728'])
 >>> rows.aggregated, rows.shown, rows.total, rows.failed
-(1234, 3, 3, 1)
+(1234, 3, 3, 0)
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from otel_graph.report.analysis import COMPUTE, Compute, critical_path
-from otel_graph.report.labels import seconds
+from otel_graph.report.labels import CRITICAL as PATH
+from otel_graph.report.labels import FAILED, seconds
 from otel_graph.report.otlp_read import ERROR, Span
 
 MAX_ROWS = 2_000
@@ -59,9 +60,11 @@ MAX_EXCEPTION_CHARS = 1_000_000
 MAX_LIST_ITEMS = 8
 LABEL_CHARS = 48
 _TOKEN = re.compile(r"[0-9a-f]{12,}")
-FAILED, COMPUTE_GREY, GREY, PATH = "#d62728", "#5f6b7a", "#a3a8ae", "#000000"
+COMPUTE_GREY, GREY = "#5f6b7a", "#a3a8ae"
 _FALLBACK = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")  # no red
 _PHASES = frozenset({"transfer", "disk-read", "disk-write"})
+_PROGRESS = (("dask.compute.tasks_done", "done"), ("dask.compute.tasks_running", "running"),
+             ("dask.compute.tasks_waiting", "waiting"))
 _RESOURCE_SHOWN = ("service.name", "host.name", "process.pid", "dask.worker.id")
 
 
@@ -75,7 +78,7 @@ class Waterfall:
     total: int  # spans under the compute's root, the root included
     aggregated: int  # tasks standing in aggregate spans (their dask.task.count summed)
     aggregates: int  # aggregate spans
-    failed: int  # failed spans under the root, shown or not
+    failed: int  # failed task spans under the root, shown or not
     x_range: tuple[float, float]
 
 
@@ -183,9 +186,10 @@ def rows_of(compute: Compute, tree: list[tuple[Span, int]], *, colour_of: Mappin
         for name, value in row.items():
             columns.setdefault(name, []).append(value)
     aggregates = [span for span in compute.tasks if _is_aggregate(span)]
-    pad = (high - low) / 100
+    pad = max(high - low, 1e-6) / 100  # a compute of no length still has an axis to draw on
+    failed_tasks = sum(1 for span, _ in tree if span.failed and "dask.task.prefix" in span.attributes)
     return Waterfall(compute, columns, len(kept), len(tree), sum(_count(s) for s in aggregates), len(aggregates),
-                     sum(1 for span, _ in tree if span.failed), (round(low - pad, 6), round(high + pad, 6)))
+                     failed_tasks, (round(low - pad, 6), round(high + pad, 6)))
 
 
 def _colour(span: Span, colour_of: Mapping[str, str]) -> str:
@@ -234,8 +238,7 @@ def _what(span: Span, on_path: bool) -> tuple[str, str]:
     if span.name == COMPUTE:
         return "compute", ""
     if span.name == "dask.compute.progress":
-        counts = [f"{a[f'dask.compute.tasks_{state}']:,} {state}" for state in ("done", "running", "waiting")
-                  if isinstance(a.get(f"dask.compute.tasks_{state}"), int)]
+        counts = [f"{a[name]:,} {state}" for name, state in _PROGRESS if isinstance(a.get(name), int)]
         return "progress", f"At its end: {', '.join(counts)}." if counts else ""
     if span.name in _PHASES and "dask.task.key" in a:
         return "phase of a task", ""
