@@ -80,6 +80,7 @@ def test_a_person_browses_the_traces_of_real_runs(runs, tmp_path):
         shown = page.evaluate(browser.SHOWN_TEXT, "trace-browser-details")
         assert "RuntimeError: task failed on purpose at 1" in shown and "in boom" in shown, shown[-2000:]
         assert "dask.task.key" in shown and "('boom', 0)" in shown, "the attributes table"
+        assert re.search(r"Ran on pid \d+ · thread \d+\.", shown), "the lane's name, as the task stream says it"
 
         browser.choose_compute(page, "· 20 tasks")
         assert page.evaluate(browser.ROW_LABELS) != labels, "the rows are the other compute's"

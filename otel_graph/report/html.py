@@ -55,7 +55,8 @@ def write_html(loaded: Any, path: Path) -> None:
     stream, left_out = task_stream(computes, origin=origin, palette=palette, labeller=labeller)
     parts: list[Any] = [_summary(loaded, left_out), stream,
                         *readings(loaded.points, origin=origin, x_range=stream.x_range, labeller=labeller),
-                        _table(rows, palette), trace_browser(loaded, colour_of=palette.as_dict())]
+                        _table(rows, palette), trace_browser(loaded, colour_of=palette.as_dict(),
+                                      where=lambda span: labeller.lane(span.attributes, span.resource))]
     page = bokeh.embed.file_html(column(*parts, sizing_mode="stretch_width"), resources=bokeh.resources.INLINE,
                                  title="otel-graph report")
     with private_file(path) as out:  # OSError: reported by the command as one line

@@ -45,7 +45,7 @@ import json
 import math
 import re
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -159,7 +159,8 @@ def _is_aggregate(span: Span) -> bool:
 
 
 def rows_of(compute: Compute, tree: list[tuple[Span, int]], *, colour_of: Mapping[str, str], max_rows: int,
-               budget: Budget) -> Waterfall:
+            budget: Budget, where: Callable[[Span], str] | None = None) -> Waterfall:
+    """The rows of ``tree``; ``where`` names the worker thread a task span ran on (the page's lane names)."""
     on_path = {step.span.span_id for step in critical_path(compute).steps}
     kept = _kept(tree, on_path, max(1, max_rows))
     origin = compute.root.start_ns
@@ -182,7 +183,8 @@ def rows_of(compute: Compute, tree: list[tuple[Span, int]], *, colour_of: Mappin
                "alpha": 0.5 if _is_aggregate(span) else 0.9, "line": PATH if path else None,
                "line_width": 2 if path else 0, "attrs": _attributes(span), "note": note,
                "exc_type": cut(kind_of_error, 200), "exc_message": budget.cut(message, 1000),
-               "exc_stack": budget.cut(stack, 4000, end=True)}
+               "exc_stack": budget.cut(stack, 4000, end=True),
+               "where": where(span) if where is not None and "dask.task.prefix" in span.attributes else ""}
         for name, value in row.items():
             columns.setdefault(name, []).append(value)
     aggregates = [span for span in compute.tasks if _is_aggregate(span)]

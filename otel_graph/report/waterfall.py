@@ -25,7 +25,7 @@ function. Select options and hover tooltips are text to Bokeh, never HTML.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from html import escape
 from typing import Any, Protocol
 
@@ -115,6 +115,7 @@ let html = `<h4 style="margin:4px 0">${esc(d.name[i])} <small>(${esc(d.what[i])}
 html += `<p>Starts at ${esc(d.start[i])}, lasts ${esc(d.duration[i])}; status ${esc(d.status[i])}`;
 html += (d.message[i] ? `: ${esc(d.message[i])}` : "") + "</p>";
 if (d.note[i]) html += `<p>${esc(d.note[i])}</p>`;
+if (d.where[i]) html += `<p>Ran on ${esc(d.where[i])}.</p>`;
 const a = d.attrs[i];
 if (a.length) {
   html += '<table style="border-collapse:collapse;font-size:12px">';
@@ -142,10 +143,12 @@ summary.text = c.summary;
 """
 
 
-def trace_browser(loaded: Traced, *, colour_of: Mapping[str, str], max_rows: int = MAX_ROWS,
-                  max_computes: int = MAX_COMPUTES, max_page_rows: int = MAX_PAGE_ROWS) -> Any:
+def trace_browser(loaded: Traced, *, colour_of: Mapping[str, str], where: Callable[[Span], str] | None = None,
+                  max_rows: int = MAX_ROWS, max_computes: int = MAX_COMPUTES,
+                  max_page_rows: int = MAX_PAGE_ROWS) -> Any:
     """The trace browser's Bokeh layout; its models are named ``trace-browser-*`` (select,
-    spans, waterfall, bars, summary, details)."""
+    spans, waterfall, bars, summary, details). ``where`` names a task's worker thread as the
+    rest of the page does."""
     from bokeh import models
     from bokeh.layouts import column
     from bokeh.models.widgets import Div, Select
@@ -166,7 +169,7 @@ def trace_browser(loaded: Traced, *, colour_of: Mapping[str, str], max_rows: int
             children[trace_id] = children_of(loaded.traces.get(trace_id) or [compute.root, *compute.tasks])
         trees.append(tree_of(compute.root, children[trace_id]))
     shares, budget = _shares([len(tree) for tree in trees], max_page_rows, max_rows), Budget()
-    falls = [rows_of(compute, tree, colour_of=colour_of, max_rows=share, budget=budget)
+    falls = [rows_of(compute, tree, colour_of=colour_of, max_rows=share, budget=budget, where=where)
              for (_, compute), tree, share in zip(listed, trees, shares, strict=True)]
     del children, trees
     aggregated = sum(rows.aggregated for rows in falls)
