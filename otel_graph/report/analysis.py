@@ -76,20 +76,22 @@ class Compute:
 
     @property
     def task_count(self) -> int:
-        return sum(_count(span) for span in self.tasks)
+        return sum(tasks_in(span) for span in self.tasks)
 
 
-def _count(span: Span) -> int:
+def tasks_in(span: Span) -> int:
+    """The tasks a task span stands for: 1, or an aggregate span's ``dask.task.count``."""
     return int(span.attributes.get("dask.task.count", 1))
 
 
-def _is_aggregate(span: Span) -> bool:
+def is_aggregate(span: Span) -> bool:
+    """Whether a task span stands for several tasks (the span budget's aggregates, recovered spans)."""
     return "dask.task.count" in span.attributes
 
 
 def _duration_sum_ns(span: Span) -> int:
     # The reader keeps dask.task.duration.sum within int64 nanoseconds (it skips spans past it).
-    if _is_aggregate(span):
+    if is_aggregate(span):
         return int(float(span.attributes.get("dask.task.duration.sum", 0.0)) * 1e9)
     return span.duration_ns
 
@@ -176,11 +178,11 @@ def prefix_table(computes: Iterable[Compute], points: Iterable[Point] = ()) -> l
         for span in compute.tasks:
             prefix = str(span.attributes.get("dask.task.prefix", span.name))
             duration[prefix] += _duration_sum_ns(span)
-            count[prefix] += _count(span)
+            count[prefix] += tasks_in(span)
             size = span.attributes.get("dask.task.nbytes")
             if isinstance(size, int) and size >= 0:
                 nbytes[prefix] += size
-                sized[prefix] += _count(span)
+                sized[prefix] += tasks_in(span)
                 sized_ns[prefix] += _duration_sum_ns(span)
             errors[prefix] += span.failed
             intervals[prefix].append((span.resource.get("host.name"), span.start_ns, span.end_ns))
@@ -248,7 +250,7 @@ def _merged(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 
 def slowest_tasks(computes: Iterable[Compute], *, top: int = 10) -> list[Span]:
-    spans = (span for compute in computes for span in compute.tasks if not _is_aggregate(span))
+    spans = (span for compute in computes for span in compute.tasks if not is_aggregate(span))
     return heapq.nlargest(top, spans, key=lambda span: span.duration_ns)
 
 
@@ -263,7 +265,7 @@ class WorkerRow:
 
 def worker_balance(computes: Iterable[Compute], *, slices: int = 10) -> tuple[list[WorkerRow], int, int]:
     """Per worker: tasks, busy time, and how busy it was in each of ``slices`` equal slices of time."""
-    spans = [span for compute in computes for span in compute.tasks if not _is_aggregate(span)]
+    spans = [span for compute in computes for span in compute.tasks if not is_aggregate(span)]
     if not spans:
         return [], 0, 0
     begin = min(span.start_ns for span in spans)
@@ -344,7 +346,7 @@ def _by_key(compute: Compute) -> dict[str, Span]:
     by_key: dict[str, Span] = {}
     for span in compute.tasks:
         key = span.attributes.get("dask.task.key")
-        if key is None or _is_aggregate(span):
+        if key is None or is_aggregate(span):
             continue
         known = by_key.get(key)
         if known is None or span.end_ns > known.end_ns:  # a retried key: its last run counts
@@ -367,7 +369,7 @@ def _aggregate_ends(compute: Compute) -> dict[str, int]:
     """Per prefix folded into aggregate spans, when the last of its tasks ended."""
     ends: dict[str, int] = {}
     for span in compute.tasks:
-        if _is_aggregate(span):
+        if is_aggregate(span):
             prefix = str(span.attributes.get("dask.task.prefix", span.name))
             ends[prefix] = max(ends.get(prefix, span.end_ns), span.end_ns)
     return ends
@@ -401,9 +403,9 @@ def describe_tasks(computes: list[Compute]) -> dict[str, Any]:
     return {
         "computes": len(computes),
         "tasks": sum(c.task_count for c in computes),
-        "task_spans": sum(1 for c in computes for s in c.tasks if not _is_aggregate(s)),
+        "task_spans": sum(1 for c in computes for s in c.tasks if not is_aggregate(s)),
         # Tasks whose spans a lost worker took with it, counted by the scheduler instead.
-        "recovered": sum(_count(s) for c in computes for s in c.tasks if s.attributes.get("dask.task.recovered")),
+        "recovered": sum(tasks_in(s) for c in computes for s in c.tasks if s.attributes.get("dask.task.recovered")),
         "failed": sum(1 for c in computes if c.root.failed),
         "incomplete": sum(1 for c in computes if c.incomplete),
         "incomplete_tasks": sum(c.task_count for c in computes if c.incomplete),

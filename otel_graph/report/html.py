@@ -25,7 +25,7 @@ import html
 from pathlib import Path
 from typing import Any
 
-from otel_graph.report.analysis import prefix_table
+from otel_graph.report.analysis import is_aggregate, prefix_table, tasks_in
 from otel_graph.report.labels import Labeller, Palette, seconds, size
 from otel_graph.report.plots import readings, task_stream
 from otel_graph.report.private_files import private_file
@@ -102,7 +102,7 @@ def _summary(loaded: Any, left_out: int) -> Any:
 
     computes = loaded.computes
     tasks = sum(c.task_count for c in computes)
-    aggregated = sum(int(s.attributes.get("dask.task.count", 0)) for c in computes for s in c.tasks)
+    aggregated = sum(tasks_in(s) for c in computes for s in c.tasks if is_aggregate(s))
     failed = sum(1 for c in computes if c.root.failed)
     wall = sum(c.wall_ns for c in computes) / 1e9
     notes = []

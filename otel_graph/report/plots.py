@@ -24,7 +24,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from otel_graph.report.analysis import Compute, critical_path
+from otel_graph.report.analysis import Compute, critical_path, is_aggregate
 from otel_graph.report.labels import COLOURS, CRITICAL, FAILED, Labeller, Palette, seconds, size
 from otel_graph.report.otlp_read import Point, Span
 
@@ -46,7 +46,7 @@ def task_stream(computes: Sequence[Compute], *, origin: int, palette: Palette, l
     from bokeh.models.annotations.legends import Legend, LegendItem
     from bokeh.plotting import figure
 
-    spans = [s for c in computes for s in c.tasks if "dask.task.count" not in s.attributes]
+    spans = [s for c in computes for s in c.tasks if not is_aggregate(s)]
     longest = max(computes, key=lambda c: c.wall_ns, default=None)
     on_path = {step.span.span_id for step in critical_path(longest).steps} if longest else set()
     # The critical path is always drawn, short tasks and all; the longest of the rest fill the bars.

@@ -32,7 +32,7 @@ from otel_graph.report.analysis import (
     slowest_tasks,
     worker_balance,
 )
-from otel_graph.report.labels import seconds
+from otel_graph.report.labels import seconds, size
 from otel_graph.report.otlp_read import Point, Span, TelemetryFile
 from otel_graph.report.progress import Progress
 
@@ -94,14 +94,6 @@ def _cell(value: object) -> str:
     return text
 
 
-def _bytes(value: float) -> str:
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(value) < 1000 or unit == "TB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1000
-    return f"{value:.1f} TB"
-
-
 def _table(out: TextIO, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
     rows = [[_cell(cell) for cell in row] for row in rows]
     widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows, strict=False)]
@@ -135,15 +127,15 @@ def render(loaded: Loaded, out: TextIO, *, top: int = 10) -> None:
     _table(out, ["prefix", "duration", "% total", "tasks", "mean", "mean output", "MB/s", "GPU util",
                  "GPU mem", "errors"],
            [[r.prefix, seconds(r.duration_s), f"{100 * r.share:.1f}", str(r.tasks), seconds(r.mean_s),
-             _bytes(r.mean_bytes), f"{r.throughput_mb_s:.1f}",
+             size(r.mean_bytes), f"{r.throughput_mb_s:.1f}",
              "-" if r.gpu_utilization is None else f"{100 * r.gpu_utilization:.0f}%",
-             "-" if r.gpu_memory_bytes is None else _bytes(r.gpu_memory_bytes), str(r.errors)] for r in rows])
+             "-" if r.gpu_memory_bytes is None else size(r.gpu_memory_bytes), str(r.errors)] for r in rows])
 
     out.write("\nSlowest tasks\n")
     _table(out, ["key", "prefix", "worker", "duration", "output"],
            [[str(s.attributes.get("dask.task.key", "")), str(s.attributes.get("dask.task.prefix", s.name)),
              str(s.attributes.get("dask.worker.id", "")), seconds(s.duration_ns / 1e9),
-             _bytes(s.attributes["dask.task.nbytes"]) if isinstance(s.attributes.get("dask.task.nbytes"), int)
+             size(s.attributes["dask.task.nbytes"]) if isinstance(s.attributes.get("dask.task.nbytes"), int)
              else "-"] for s in slowest_tasks(computes, top=top)])
 
     workers, begin, end = worker_balance(computes)

@@ -49,7 +49,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from otel_graph.report.analysis import COMPUTE, Compute, critical_path
+from otel_graph.report.analysis import COMPUTE, Compute, critical_path, is_aggregate, tasks_in
 from otel_graph.report.labels import CRITICAL as PATH
 from otel_graph.report.labels import FAILED, seconds
 from otel_graph.report.otlp_read import ERROR, Span
@@ -144,7 +144,7 @@ def _kept(tree: list[tuple[Span, int]], on_path: set[str], max_rows: int) -> lis
             keep.update(chain)
 
     spans = [span for span, _ in tree]
-    for group in ([spans[0]], (s for s in spans if s.failed), (s for s in spans if _is_aggregate(s)),
+    for group in ([spans[0]], (s for s in spans if s.failed), (s for s in spans if is_aggregate(s)),
                   (s for s in spans if s.span_id in on_path),
                   heapq.nlargest(max_rows, spans, key=lambda s: s.duration_ns)):
         for span in group:
@@ -152,10 +152,6 @@ def _kept(tree: list[tuple[Span, int]], on_path: set[str], max_rows: int) -> lis
                 break
             add(span.span_id)
     return [(span, depth) for span, depth in tree if span.span_id in keep]
-
-
-def _is_aggregate(span: Span) -> bool:
-    return "dask.task.count" in span.attributes
 
 
 def rows_of(compute: Compute, tree: list[tuple[Span, int]], *, colour_of: Mapping[str, str], max_rows: int,
@@ -180,17 +176,17 @@ def rows_of(compute: Compute, tree: list[tuple[Span, int]], *, colour_of: Mappin
                "what": kind, "start": _signed(start), "duration": seconds(span.duration_ns / 1e9),
                "status": {ERROR: "ERROR", 1: "OK"}.get(span.status_code, "unset"),
                "message": budget.cut(said, 1000), "colour": _colour(span, colour_of),
-               "alpha": 0.5 if _is_aggregate(span) else 0.9, "line": PATH if path else None,
+               "alpha": 0.5 if is_aggregate(span) else 0.9, "line": PATH if path else None,
                "line_width": 2 if path else 0, "attrs": _attributes(span), "note": note,
                "exc_type": cut(kind_of_error, 200), "exc_message": budget.cut(message, 1000),
                "exc_stack": budget.cut(stack, 4000, end=True),
                "where": where(span) if where is not None and "dask.task.prefix" in span.attributes else ""}
         for name, value in row.items():
             columns.setdefault(name, []).append(value)
-    aggregates = [span for span in compute.tasks if _is_aggregate(span)]
+    aggregates = [span for span in compute.tasks if is_aggregate(span)]
     pad = max(high - low, 1e-6) / 100  # a compute of no length still has an axis to draw on
     failed_tasks = sum(1 for span, _ in tree if span.failed and "dask.task.prefix" in span.attributes)
-    return Waterfall(compute, columns, len(kept), len(tree), sum(_count(s) for s in aggregates), len(aggregates),
+    return Waterfall(compute, columns, len(kept), len(tree), sum(tasks_in(s) for s in aggregates), len(aggregates),
                      failed_tasks, (round(low - pad, 6), round(high + pad, 6)))
 
 
@@ -206,15 +202,11 @@ def _colour(span: Span, colour_of: Mapping[str, str]) -> str:
     return colour_of.get(prefix) or _FALLBACK[zlib.crc32(prefix.encode("utf-8", "replace")) % len(_FALLBACK)]
 
 
-def _count(span: Span) -> int:
-    return int(span.attributes.get("dask.task.count", 1))
-
-
 def _label(span: Span) -> str:
     attributes = span.attributes
-    if _is_aggregate(span):
+    if is_aggregate(span):
         kind = "recovered" if attributes.get("dask.task.recovered") else "aggregate"
-        return f"{attributes.get('dask.task.prefix', span.name)} ×{_count(span):,} tasks ({kind})"
+        return f"{attributes.get('dask.task.prefix', span.name)} ×{tasks_in(span):,} tasks ({kind})"
     # Tokens are 32 hex digits: six tell tasks apart in one compute, and leave room for the rest.
     return _TOKEN.sub(lambda match: match.group()[:6] + "…", str(attributes.get("dask.task.key", span.name)))
 
@@ -222,8 +214,8 @@ def _label(span: Span) -> str:
 def _what(span: Span, on_path: bool) -> tuple[str, str]:
     """What kind of span it is, and a sentence on what it stands for."""
     a = span.attributes
-    if _is_aggregate(span):
-        count = _count(span)
+    if is_aggregate(span):
+        count = tasks_in(span)
         total = _seconds(a.get("dask.task.duration.sum")) or 0.0
         mean = _seconds(a.get("dask.task.duration.mean"))
         times = [f"{label} {seconds(value)}" for label, value in (
