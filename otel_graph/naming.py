@@ -34,6 +34,10 @@ INT64_MAX = (1 << 63) - 1
 #: Dependency keys a task span lists (``dask.task.dependencies``): a collection's tasks can
 #: depend on 10^4 keys, and a span need not carry them all.
 MAX_DEPENDENCIES = 32
+#: Tableau's 20 colours without its reds (kept for failures), as ``#rrggbb``: a prefix's colour
+#: in the report's plots and, picked by a hash of the prefix, its NVTX ranges in Nsight Systems.
+PREFIX_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
+                  "#aec7e8", "#ffbb78", "#98df8a", "#c5b0d5", "#c49c94", "#f7b6d2", "#c7c7c7", "#dbdb8d", "#9edae5")
 
 
 def _split(key: Any) -> str:

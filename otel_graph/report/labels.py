@@ -27,13 +27,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from otel_graph.naming import PREFIX_COLOURS
+
 #: Failed tasks' bars, whatever their prefix.
 FAILED = "#d62728"
 #: The critical path's outline and its own track.
 CRITICAL = "#000000"
-#: Tableau's 20 colours without its reds (kept for failures): the first ten are the strongest.
-COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
-            "#aec7e8", "#ffbb78", "#98df8a", "#c5b0d5", "#c49c94", "#f7b6d2", "#c7c7c7", "#dbdb8d", "#9edae5")
+#: The prefixes' colours, the first ten the strongest (shared with the NVTX ranges).
+COLOURS = PREFIX_COLOURS
 
 
 class Palette:
