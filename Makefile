@@ -30,9 +30,9 @@ LATEST_VENV := .venv-latest
 OLDEST_VENV := .venv-oldest
 OLDEST_LOCAL_VENV := .venv-oldest-local
 PEER_VENV := .venv-peer
-LATEST_EXTRAS := test,distributed,prometheus,report,demo
-LOCAL_EXTRAS := test,prometheus,report,instruments
-CLUSTER_EXTRAS := test,prometheus,report,distributed
+LATEST_EXTRAS := test,distributed,prometheus,report,demo,gpu
+LOCAL_EXTRAS := test,prometheus,report,instruments,gpu
+CLUSTER_EXTRAS := test,prometheus,report,distributed,gpu
 # The oldest run uses the lowest Python pyproject.toml allows, where the machine has it.
 OLDEST_PYTHON ?= $(or $(wildcard $(HOME)/.pyenv/versions/3.10.*/bin/python3.10),$(shell command -v python3.10),$(PYTHON))
 
@@ -152,9 +152,10 @@ bench: $(STAMP)
 	$(VENV)/bin/python benchmarks/bench_tiny.py --dask-suite --json $(BENCH_ROWS)/tiny.json
 	$(VENV)/bin/python benchmarks/bench_distributed.py --json $(BENCH_ROWS)/distributed.json
 	$(VENV)/bin/python benchmarks/bench_faults.py --json $(BENCH_ROWS)/faults.json
+	$(VENV)/bin/python benchmarks/bench_nvtx.py --json $(BENCH_ROWS)/nvtx.json
 	@echo
 	@$(VENV)/bin/python benchmarks/table.py $(BENCH_ROWS)/run.json $(BENCH_ROWS)/tiny.json \
-		$(BENCH_ROWS)/distributed.json $(BENCH_ROWS)/faults.json
+		$(BENCH_ROWS)/distributed.json $(BENCH_ROWS)/faults.json $(BENCH_ROWS)/nvtx.json
 
 demo: $(STAMP)
 	$(VENV)/bin/otel-graph demo

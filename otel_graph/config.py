@@ -47,6 +47,7 @@ OTEL_GRAPH_EARLY_DRAIN = "OTEL_GRAPH_EARLY_DRAIN"
 OTEL_GRAPH_PROGRESS_INTERVAL = "OTEL_GRAPH_PROGRESS_INTERVAL"
 OTEL_GRAPH_RESOURCES = "OTEL_GRAPH_RESOURCES"
 OTEL_GRAPH_GPU = "OTEL_GRAPH_GPU"
+OTEL_GRAPH_NVTX = "OTEL_GRAPH_NVTX"
 OTEL_GRAPH_FILE_DIR = "OTEL_GRAPH_FILE_DIR"
 
 #: Exit waits this long for a collector making no progress. The bar is an exit within 2 s
@@ -76,6 +77,9 @@ OWN_VARIABLES: Mapping[str, str] = {
     "compute still running, which make its trace visible before its root span ends. Default 30.",
     OTEL_GRAPH_RESOURCES: "`true`/`false`: publish CPU, memory and GPU readings. Default true.",
     OTEL_GRAPH_GPU: "`true`/`false`: read GPUs through NVML. Default true.",
+    OTEL_GRAPH_NVTX: "`true`/`false`: run each task inside an NVTX range named by its prefix, and each compute "
+    "inside one too, for NVIDIA Nsight Systems (needs the `gpu` extra: `pip install 'otel-graph[gpu]'`). "
+    "Nothing is done while no NVTX tool is attached to the process. Default false.",
     OTEL_GRAPH_FILE_DIR: "Directory of `traces.jsonl` and `metrics.jsonl` (OTLP JSON lines) when "
     "OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER lists `otlp_file`. Default `otel-graph-out`.",
 }
@@ -315,6 +319,7 @@ class Settings:
     progress_interval_s: float = 30.0
     resources: bool = True
     gpu: bool = True
+    nvtx: bool = False
     sdk_disabled: bool = False
     #: The exporters ``OTEL_TRACES_EXPORTER`` / ``OTEL_METRICS_EXPORTER`` name, in order;
     #: empty for ``none`` (see :func:`exporter_names`). Resolved when the SDK is built.
@@ -337,6 +342,7 @@ OPTIONS: Mapping[str, str] = {
     "progress_interval_s": OTEL_GRAPH_PROGRESS_INTERVAL,
     "resources": OTEL_GRAPH_RESOURCES,
     "gpu": OTEL_GRAPH_GPU,
+    "nvtx": OTEL_GRAPH_NVTX,
 }
 
 
@@ -373,6 +379,7 @@ def load_settings(env: Mapping[str, str] | None = None, **options: Any) -> Setti
         progress_interval_s=parse_seconds(OTEL_GRAPH_PROGRESS_INTERVAL, raw("progress_interval_s"), 30.0),
         resources=flag("resources", True),
         gpu=flag("gpu", True),
+        nvtx=flag("nvtx", False),
         sdk_disabled=parse_spec_bool("OTEL_SDK_DISABLED", env.get("OTEL_SDK_DISABLED", "false")),
         traces_exporters=exporter_names(env.get("OTEL_TRACES_EXPORTER")),
         metrics_exporters=exporter_names(env.get("OTEL_METRICS_EXPORTER")),

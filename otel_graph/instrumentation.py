@@ -30,6 +30,7 @@ from typing import Any
 from otel_graph.capture.local import LocalCapture
 from otel_graph.config import ConfigurationError, Settings, load_settings
 from otel_graph.export.sdk import exit_window
+from otel_graph.telemetry.nvtx_ranges import process_ranges
 from otel_graph.telemetry.process_state import ProcessState, ensure_exit_hook, providers_for, report_undelivered
 from otel_graph.telemetry.tracker import Tracker
 
@@ -44,6 +45,8 @@ class Instrumentation:
     def __init__(self, settings: Settings, *, tracer_provider: Any = None, meter_provider: Any = None,
                  client: Any = None) -> None:
         self.settings = settings
+        # First: a missing binding is a configuration error, raised before anything is set up.
+        ranges = process_ranges() if settings.nvtx else None
         chosen = self.providers = providers_for(settings, tracer_provider=tracer_provider,
                                                 meter_provider=meter_provider)
         self._owned = chosen.owned
@@ -54,8 +57,8 @@ class Instrumentation:
                                 max_task_spans=settings.max_task_spans,
                                 drain_interval_s=settings.drain_interval_s,
                                 progress_interval_s=settings.progress_interval_s,
-                                early_drain_tasks=settings.early_drain_tasks)
-        self._capture = LocalCapture(self._tracker)
+                                early_drain_tasks=settings.early_drain_tasks, ranges=ranges)
+        self._capture = LocalCapture(self._tracker, ranges=ranges)
         # The provider's force_flush (OpenTelemetry's own way) makes the computes set aside too.
         self._flushed = [] if self._owned is None else list(self._owned.span_processors)
         for processor in self._flushed:

@@ -38,7 +38,7 @@ from functools import partial, wraps
 from multiprocessing.pool import ThreadPool
 from typing import TYPE_CHECKING, Any, Protocol
 
-from otel_graph.capture.task_runner import execute, run_remote
+from otel_graph.capture.task_runner import execute, in_ranges, run_remote, run_remote_in_ranges
 from otel_graph.telemetry.task_context import attach_context, detach_context
 
 if TYPE_CHECKING:
@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
     from otel_graph.capture.task_runner import TaskArgs
     from otel_graph.telemetry.compute_record import ComputeRecord
+    from otel_graph.telemetry.nvtx_ranges import Ranges
 
 _get_ident = threading.get_ident
 
@@ -64,7 +65,8 @@ class Tracker(Protocol):
     def keep_up(self) -> None: ...
 
 
-def _run_local(record: ComputeRecord, batch: list[TaskArgs]) -> list[tuple[Any, Any, bool]]:
+def _run_local(record: ComputeRecord, run: Callable[..., tuple[Any, Any, bool]],
+               batch: list[TaskArgs]) -> list[tuple[Any, Any, bool]]:
     emit = record.sink.append
     out = []
     thread = _get_ident()
@@ -74,7 +76,7 @@ def _run_local(record: ComputeRecord, batch: list[TaskArgs]) -> list[tuple[Any, 
         token = attach_context(current)
     try:
         for args in batch:
-            out.append(execute(*args, emit, parent))
+            out.append(run(*args, emit, parent))
     except BaseException:
         # The sync scheduler re-raises a task's exception here: the tasks after it in the
         # batch never run. The one that raised has its event; the rest are accounted lost.
@@ -124,10 +126,17 @@ def _scheduler_from_get_id(get_id: Callable | None) -> str:
 
 
 class LocalCapture:
-    """Installs and removes the wrappers; one instance per instrumentation."""
+    """Installs and removes the wrappers; one instance per instrumentation.
 
-    def __init__(self, tracker: Tracker) -> None:
+    ``ranges`` (this process has an NVTX tool attached): each task also runs inside an NVTX
+    range (:mod:`otel_graph.telemetry.nvtx_ranges`), here or in a pool's processes, which a
+    tool attaches to as it does to this one.
+    """
+
+    def __init__(self, tracker: Tracker, *, ranges: Ranges | None = None) -> None:
         self._tracker = tracker
+        self._execute = execute if ranges is None else in_ranges(ranges.task_started, ranges.task_ended)
+        self._run_remote = run_remote if ranges is None else run_remote_in_ranges
         self._originals: dict[tuple[str, str], Any] = {}
         self._starting = threading.local()
 
@@ -223,7 +232,7 @@ class LocalCapture:
 
     def _wrap_submit(self, submit: Callable, record: ComputeRecord, in_process: bool) -> Callable:
         batch_execute = self._batch_execute
-        runner = partial(_run_local, record) if in_process else run_remote
+        runner = partial(_run_local, record, self._execute) if in_process else self._run_remote
 
         def traced_submit(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
             if fn is not batch_execute or kwargs or len(args) != 1:

@@ -81,12 +81,41 @@ def execute(key: Any, task_info: Any, dumps: Callable[[Any], Any], loads: Callab
 TaskArgs = tuple[Any, Any, Any, Any, Any, Any]
 
 
-def run_remote(batch: list[TaskArgs]) -> Batch:
+def in_ranges(started: Callable[[Any], None], ended: Callable[[], None]) -> Callable[..., tuple[Any, Any, bool]]:
+    """:func:`execute` inside an NVTX range (:mod:`otel_graph.telemetry.nvtx_ranges`):
+    ``started(key)`` before, ``ended()`` after, in the thread that runs the task."""
+
+    def execute_in_range(key: Any, task_info: Any, dumps: Callable[[Any], Any], loads: Callable[[Any], Any],
+                         get_id: Callable[[], Any], pack_exception: Callable[[BaseException, Any], Any],
+                         emit: Callable[[tuple[Any, ...]], Any], parent: Any) -> tuple[Any, Any, bool]:
+        started(key)
+        try:
+            return execute(key, task_info, dumps, loads, get_id, pack_exception, emit, parent)
+        finally:  # the sync scheduler's pack_exception raises
+            ended()
+
+    return execute_in_range
+
+
+def run_remote(batch: list[TaskArgs], run: Callable[..., tuple[Any, Any, bool]] = execute) -> Batch:
     events: list[tuple[Any, ...]] = []  # TaskEvent's fields
     nobody = NoTask()  # another process: its spans have no parent here to join
-    out = Batch(execute(*args, events.append, nobody) for args in batch)
+    out = Batch(run(*args, events.append, nobody) for args in batch)
     out.events = events
     return out
+
+
+def run_remote_in_ranges(batch: list[TaskArgs]) -> Batch:
+    """:func:`run_remote` with each task in an NVTX range, where a tool is attached to this process."""
+    from otel_graph.telemetry.nvtx_ranges import process_ranges
+
+    try:
+        ranges = process_ranges()
+    except Exception:  # checked where the compute began: a pool process must not fail the batch
+        ranges = None
+    if ranges is None:
+        return run_remote(batch)
+    return run_remote(batch, in_ranges(ranges.task_started, ranges.task_ended))
 
 
 class Batch(list):

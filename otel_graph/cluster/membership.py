@@ -183,7 +183,8 @@ class ClusterMembership:
 
     def _plugins(self) -> tuple[Any, Any]:
         env = _client_env()
-        return SchedulerTelemetryPlugin(env), WorkerTelemetryPlugin(env, nested_capture=self._nested_capture())
+        return SchedulerTelemetryPlugin(env), WorkerTelemetryPlugin(env, nested_capture=self._nested_capture(),
+                                                                     nvtx=self._settings.nvtx)
 
     def _nested_capture(self) -> Any:
         """The class the workers trace the computes their tasks start with (None: untraced)."""

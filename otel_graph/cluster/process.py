@@ -41,6 +41,8 @@ class _ProcessTelemetry:
     lock = threading.Lock()
     by_worker: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
     nested: Any = None  # (tracker, capture) tracing computes that tasks here start
+    #: Puts distributed's task runners back, while this process's tasks run in NVTX ranges.
+    unwrap_runners: Any = None
     #: What the process's span exporter delivered, per worker, until reported.
     deliveries = Deliveries()
     #: The task counts the process's metric exporter delivered (one worker's, with accounts);

@@ -42,6 +42,8 @@ from otel_graph.cluster.process import (
 from otel_graph.cluster.propagation import listen_on_worker, say_listening, seal_env, unseal_env
 from otel_graph.cluster.task_spans import _WORKER_DRAIN_S, WorkerTelemetry
 from otel_graph.config import exit_timeout
+from otel_graph.errors import ConfigurationError
+from otel_graph.telemetry.nvtx_ranges import Ranges, process_ranges
 
 logger = logging.getLogger("otel_graph")
 
@@ -50,7 +52,8 @@ _RAN = frozenset({"executing", "long-running"})
 _DONE = frozenset({"memory", "error"})
 
 
-def _trace_nested_computes(providers: Any, settings: Any, *, nested_capture: Callable[..., Any] | None) -> None:
+def _trace_nested_computes(providers: Any, settings: Any, *, nested_capture: Callable[..., Any] | None,
+                           ranges: Ranges | None) -> None:
     """In a worker process, trace computes that tasks start (``get_client().compute(...)``),
     with ``nested_capture`` (:class:`otel_graph.cluster.client.ClusterCapture`; None: untraced).
 
@@ -65,14 +68,40 @@ def _trace_nested_computes(providers: Any, settings: Any, *, nested_capture: Cal
     tracker = Tracker(tracer=providers.tracer, emitter=providers.emitter,
                       metrics=providers.instruments.task_metrics, max_task_spans=settings.max_task_spans,
                       drain_interval_s=min(settings.drain_interval_s, _WORKER_DRAIN_S),
-                      progress_interval_s=settings.progress_interval_s)
+                      progress_interval_s=settings.progress_interval_s, ranges=ranges)
     capture = nested_capture(tracker, settings, register=False)
     capture.install()
     _ProcessTelemetry.nested = (tracker, capture)
 
 
-def _start(worker: Any, client_env: dict[str, str], *, nested_capture: Callable[..., Any] | None
-           ) -> WorkerTelemetry | None:
+def _run_in_ranges(wanted: bool, worker: Any) -> Ranges | None:
+    """With ``OTEL_GRAPH_NVTX`` (the worker's or its client's), this process's tasks run inside
+    NVTX ranges (:mod:`otel_graph.telemetry.nvtx_ranges`) while it has workers with telemetry:
+    the :class:`~otel_graph.telemetry.nvtx_ranges.Ranges`, or None (off, or no tool attached).
+    Called under the process lock; a missing binding is said, never raised into the worker."""
+    if not wanted:
+        return None
+    try:
+        ranges = process_ranges()
+    except ConfigurationError as exc:
+        logger.warning("otel_graph: no NVTX ranges on worker %s: %s", getattr(worker, "address", "?"), exc)
+        return None
+    if ranges is not None and _ProcessTelemetry.unwrap_runners is None:
+        _ProcessTelemetry.unwrap_runners = adapter.run_tasks_within(
+            started=ranges.task_started, ended=ranges.task_ended,
+            range_started=ranges.task_range_started, range_ended=ranges.range_ended)
+    return ranges
+
+
+def _unwrap_when_idle() -> None:
+    """The last worker's telemetry gone: distributed's task runners as they were. Under the process lock."""
+    if not _ProcessTelemetry.by_worker and _ProcessTelemetry.unwrap_runners is not None:
+        unwrap, _ProcessTelemetry.unwrap_runners = _ProcessTelemetry.unwrap_runners, None
+        unwrap()
+
+
+def _start(worker: Any, client_env: dict[str, str], *, nested_capture: Callable[..., Any] | None,
+           nvtx: bool = False) -> WorkerTelemetry | None:
     from otel_graph.config import load_settings
     from otel_graph.telemetry.process_state import add_aggregated_source, before_exit, ensure_exit_hook, live_providers
 
@@ -86,6 +115,7 @@ def _start(worker: Any, client_env: dict[str, str], *, nested_capture: Callable[
         if settings.sdk_disabled:
             return None
         address, name = adapter.worker_identity(worker)
+        ranges = _run_in_ranges(nvtx or settings.nvtx, worker)
         # Before anything it would close exists (the nested capture, the telemetry): what the
         # workers here recorded becomes spans before the exit hook delivers.
         before_exit(close_at_exit)
@@ -93,7 +123,7 @@ def _start(worker: Any, client_env: dict[str, str], *, nested_capture: Callable[
         in_process = providers is not None
         if providers is None:
             providers = process_providers(settings, {"dask.worker.id": address, "dask.worker.name": name})
-            _trace_nested_computes(providers, settings, nested_capture=nested_capture)
+            _trace_nested_computes(providers, settings, nested_capture=nested_capture, ranges=ranges)
             _deliver_on_sigterm()
         ensure_exit_hook()
         add_aggregated_source(_tasks_aggregated)
@@ -110,6 +140,7 @@ def _close_if_unclaimed(worker: Any, telemetry: WorkerTelemetry) -> None:
         if telemetry.claimed or _ProcessTelemetry.by_worker.get(worker) is not telemetry:
             return
         del _ProcessTelemetry.by_worker[worker]
+        _unwrap_when_idle()
         _ProcessTelemetry.closing.add(telemetry)
     asyncio.get_running_loop().run_in_executor(None, telemetry.close, telemetry._settings.exit_timeout_s)
 
@@ -117,6 +148,7 @@ def _close_if_unclaimed(worker: Any, telemetry: WorkerTelemetry) -> None:
 def _stop(worker: Any, *, export: bool = True) -> None:
     with _ProcessTelemetry.lock:
         telemetry = _ProcessTelemetry.by_worker.pop(worker, None)
+        _unwrap_when_idle()
     if telemetry is not None:
         telemetry.close(telemetry._settings.exit_timeout_s, export=export)
 
@@ -126,14 +158,19 @@ class WorkerTelemetryPlugin(WorkerPlugin):
 
     name = PLUGIN_NAME
     idempotent = True  # registering again (another client) keeps the one the scheduler holds
-    #: Read from the class where a plugin pickled by an earlier otel_graph lacks it: untraced.
+    #: Read from the class where a plugin pickled by an earlier otel_graph lacks them: untraced,
+    #: no NVTX ranges.
     _nested_capture: Callable[..., Any] | None = None
+    _nvtx = False
 
     def __init__(self, client_env: dict[str, str] | None = None, *,
-                 nested_capture: Callable[..., Any] | None = None) -> None:
+                 nested_capture: Callable[..., Any] | None = None, nvtx: bool = False) -> None:
         """``nested_capture``: the client's capture class, which traces the computes this worker's
         tasks start; given, not imported here, as the client's module registers this plugin.
-        A class pickles by name: a worker process imports it as it receives the plugin."""
+        A class pickles by name: a worker process imports it as it receives the plugin.
+        ``nvtx``: the client's ``OTEL_GRAPH_NVTX`` (option or variable), which the worker's own
+        variable can also turn on."""
+        self._nvtx = nvtx
         self._sealed_env = seal_env(dict(client_env or {}))
         self._nested_capture = nested_capture
         self._telemetry: WorkerTelemetry | None = None
@@ -150,7 +187,8 @@ class WorkerTelemetryPlugin(WorkerPlugin):
         except Exception:
             logger.debug("otel_graph: cannot read task contexts on this worker", exc_info=True)
         try:
-            self._telemetry = _start(worker, unseal_env(self._sealed_env), nested_capture=self._nested_capture)
+            self._telemetry = _start(worker, unseal_env(self._sealed_env), nested_capture=self._nested_capture,
+                                     nvtx=self._nvtx)
         except Exception as exc:
             # A bad configuration here must not take the worker down; say so once, without values.
             logger.warning("otel_graph: telemetry is off on worker %s: %s", getattr(worker, "address", "?"),
@@ -191,7 +229,8 @@ class WorkerTelemetryPlugin(WorkerPlugin):
         if self._worker is None or live_providers() is None:
             return None
         try:
-            self._telemetry = _start(self._worker, unseal_env(self._sealed_env), nested_capture=self._nested_capture)
+            self._telemetry = _start(self._worker, unseal_env(self._sealed_env), nested_capture=self._nested_capture,
+                                     nvtx=self._nvtx)
         except Exception:
             self._telemetry = None
         return self._telemetry

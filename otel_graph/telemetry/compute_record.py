@@ -55,7 +55,7 @@ class ComputeRecord:
                  "lost", "seen", "in_spans", "graph", "state", "plan", "sampled", "graph_tasks", "cluster",
                  "cluster_events", "task_span_ids", "caller", "parents", "assign_ids", "in_backlog",
                  "progress_ns", "progress_spans", "outer", "claimed", "inline", "batch", "span_context",
-                 "early_at", "drain_soon")
+                 "early_at", "drain_soon", "nvtx_range")
 
     def __init__(self, scheduler: str, span: trace.Span, start_ns: int, *, assign_ids: bool = False,
                  context: Context | None = None) -> None:
@@ -79,6 +79,8 @@ class ComputeRecord:
         self.start_ns = start_ns
         self.end_ns: int | None = None
         self.error: BaseException | None = None
+        #: The compute's NVTX range (otel_graph.telemetry.nvtx_ranges), where one was started.
+        self.nvtx_range: int | None = None
         self.sink: list[tuple[Any, ...]] = []  # TaskEvent's fields: see task_runner.execute
         self.submitted = 0
         self.lost = 0

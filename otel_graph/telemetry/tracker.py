@@ -33,7 +33,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from opentelemetry import trace
 
@@ -48,6 +48,9 @@ from otel_graph.telemetry.metrics import TaskMetrics
 from otel_graph.telemetry.passes import Passes
 from otel_graph.telemetry.spans import ApiEmitter
 from otel_graph.telemetry.task_context import current_context
+
+if TYPE_CHECKING:
+    from otel_graph.telemetry.nvtx_ranges import Ranges
 
 logger = logging.getLogger("otel_graph")
 
@@ -74,10 +77,13 @@ class Tracker:
 
     def __init__(self, *, tracer: trace.Tracer, emitter: Any, metrics: TaskMetrics,
                  max_task_spans: int | None, drain_interval_s: float,
-                 progress_interval_s: float = 30.0, early_drain_tasks: int | None = DEFAULT_EARLY_DRAIN_TASKS) -> None:
+                 progress_interval_s: float = 30.0, early_drain_tasks: int | None = DEFAULT_EARLY_DRAIN_TASKS,
+                 ranges: Ranges | None = None) -> None:
         """``early_drain_tasks``: the task records awaiting the tracker at which a compute on a pool
         (threads, processes) is drained while it runs, not only every ``drain_interval_s``
-        (``OTEL_GRAPH_EARLY_DRAIN``); None: only every ``drain_interval_s``."""
+        (``OTEL_GRAPH_EARLY_DRAIN``); None: only every ``drain_interval_s``. ``ranges``: each
+        compute is also an NVTX range (``OTEL_GRAPH_NVTX``)."""
+        self._ranges = ranges
         self._tracer = tracer
         self._emitter = emitter
         self._metrics = metrics
@@ -175,6 +181,8 @@ class Tracker:
                                            attributes={"dask.scheduler": scheduler})
         record = ComputeRecord(scheduler, span, start, assign_ids=self._assign_ids, context=context)
         record.inline = light
+        if self._ranges is not None:
+            record.nvtx_range = self._ranges.compute_started(record.span_context.trace_id)
         if (scheduler == "threads" or scheduler == "processes") and self._early_events is not None:
             record.early_at, record.drain_soon = self._early_events, self._drain_soon
         with self._lock:
@@ -186,6 +194,8 @@ class Tracker:
         self.begin_errors += 1
 
     def end(self, record: ComputeRecord, error: BaseException | None) -> None:
+        if record.nvtx_range is not None:
+            cast("Ranges", self._ranges).range_ended(record.nvtx_range)
         record.error = error  # before end_ns: a drain in between must not see a failure as success
         record.end_ns = end_ns = time.time_ns()
         # all_reported(), inline: a call fewer per compute

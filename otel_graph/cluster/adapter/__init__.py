@@ -13,7 +13,8 @@ each listing what it reads:
   kept, workers' memory, distributed's fine performance metrics;
 * :mod:`.worker`: the run of a task that just finished (:func:`task_run`, once per task,
   timestamps put back on the worker's clock), transfers and spilling, the task running on
-  a thread, the worker's stream to the scheduler and what otel_graph says on it.
+  a thread, the worker's stream to the scheduler and what otel_graph says on it, and the
+  runners its tasks run in (wrapped for NVTX ranges).
 
 The rest of :mod:`otel_graph.cluster` calls them through this package
 (``from otel_graph.cluster import adapter``; ``adapter.task_run(...)``), which names them
@@ -63,6 +64,7 @@ from otel_graph.cluster.adapter.worker import (
     current_task,
     held_keys,
     is_closing,
+    run_tasks_within,
     say_to_scheduler,
     scheduler_connection,
     spill_totals,
@@ -82,6 +84,7 @@ __all__ = [
     "worker_count", "worker_memory", "worker_state", "worker_stream",
     # worker
     "WORKER_SAYS", "Phase", "TaskRun", "close_stream", "current_task", "held_keys", "is_closing",
-    "say_to_scheduler", "scheduler_connection", "spill_totals", "stream_open", "task_count", "task_run",
+    "run_tasks_within", "say_to_scheduler", "scheduler_connection", "spill_totals", "stream_open", "task_count",
+    "task_run",
     "worker_identity",
 ]
