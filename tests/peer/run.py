@@ -18,7 +18,9 @@ A test that passes in one run and not in the other is run again, alone, in both 
 ``--reruns`` times: one that then agrees is reported as flaky, one that still differs as
 a difference. Differences known not to be defects are listed, with their reason, in
 ``KNOWN``; any other difference makes the exit status 1. Results go to ``--out`` as JUnit
-XML and a summary (``summary.json``).
+XML and a summary (``summary.json``). With ``--nvtx``, both runs have an NVTX tool attached
+(the tests' recorder, recording nothing) and the instrumented one runs every task in an NVTX
+range.
 """
 
 from __future__ import annotations
@@ -109,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reruns", type=int, default=2)
     parser.add_argument("--timeout", type=int, default=300, help="seconds a test may take (pytest-timeout)")
     parser.add_argument("--reuse", action="store_true", help="keep the results of runs already in --out")
+    parser.add_argument("--nvtx", action="store_true",
+                        help="attach an NVTX tool to both runs and turn otel_graph's NVTX ranges on in the instrumented "
+                             "one (OTEL_GRAPH_NVTX=true)")
     parser.add_argument("files", nargs="*", default=list(DEFAULT_FILES))
     args = parser.parse_args(argv)
     src = args.src.resolve()
@@ -119,10 +124,16 @@ def main(argv: list[str] | None = None) -> int:
 
     base = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     base["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), base.get("PYTHONPATH", "")]))
+    ranges: dict[str, str] = {}
+    if args.nvtx:  # the tests' recorder, recording nothing: a tool attached, as Nsight would be
+        from nvtx_tool import build_recorder
+
+        base.update(NVTX_INJECTION64_PATH=str(build_recorder(out)), NVTX_RECORDER_DIR="")
+        ranges["OTEL_GRAPH_NVTX"] = "true"
     with OtlpReceiver() as receiver:
         instrumented_env = {**base, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.grpc_endpoint,
                             "OTEL_EXPORTER_OTLP_INSECURE": "true", "OTEL_SERVICE_NAME": "peer-tests",
-                            "OTEL_GRAPH_PEER_STATS": str(out / "instrumented-stats.json")}
+                            "OTEL_GRAPH_PEER_STATS": str(out / "instrumented-stats.json"), **ranges}
         if not (args.reuse and (out / "instrumented.xml").exists()):
             for old in out.glob("instrumented-stats.json*"):
                 old.unlink()
