@@ -1,0 +1,110 @@
+"""What NVTX ranges (``OTEL_GRAPH_NVTX=true``) cost, per task, with and without a tool attached.
+
+Each run is a fresh interpreter (an NVTX tool attaches at a process's first NVTX call and
+stays), instrumented with otel_graph both ways, ranges on against ranges off, alternating,
+so the ratio is what turning ranges on adds to an instrumented compute:
+
+* ``no tool``: ranges on, no NVTX tool attached, as on a machine without Nsight Systems.
+  otel_graph sees the ``dask`` domain disabled and wraps nothing.
+* ``idle tool``: a tool attached that does no work (the tests' recorder, recording nothing):
+  the cost of the ranges themselves, the binding's and NVTX's dispatch included.
+* ``recording tool``: the recorder writing every call to a file, as a tool that records does;
+  Nsight Systems' own cost per call is its own.
+
+Workloads: ``sync-100k`` (no-op tasks: the per-task cost shows whole) and ``threads-2k``
+(tasks of 1 ms on 4 threads). Usage::
+
+    python benchmarks/bench_nvtx.py [--repeat 3] [--tasks 100000] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from nvtx_tool import build_recorder  # noqa: E402  (the tests' helper, found on the path set above)
+
+#: One run: argv is the workload, the task count and whether ranges are on; prints the seconds
+#: of the compute and its flush.
+RUN = """
+import gc, sys, time
+import dask, dask.threaded
+import otel_graph
+workload, tasks, nvtx = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+handle = otel_graph.instrument_scheduler(nvtx=nvtx)
+def noop():
+    return None
+def nap():
+    time.sleep(0.001)
+if workload == "sync":
+    graph = {("noop", i): (noop,) for i in range(tasks)}
+    get = dask.get
+else:
+    graph = {("nap", i): (nap,) for i in range(tasks)}
+    get = lambda g, k: dask.threaded.get(g, k, num_workers=4)
+keys = list(graph)
+get({("warm", 0): (noop,)}, [("warm", 0)])
+gc.collect()
+start = time.perf_counter()
+get(graph, keys)
+if not handle.flush(timeout_s=300):
+    raise SystemExit("flush did not complete")
+print(time.perf_counter() - start)
+"""
+
+
+def _run(workload: str, tasks: int, nvtx: bool, env: dict[str, str]) -> float:
+    out = subprocess.run([sys.executable, "-c", RUN, workload, str(tasks), "1" if nvtx else "0"], env=env,
+                         capture_output=True, text=True, check=True, timeout=900)
+    return float(out.stdout.split()[-1])
+
+
+def row(name: str, workload: str, tasks: int, env: dict[str, str], *, repeat: int) -> dict:
+    off, on = [], []
+    for _ in range(repeat):
+        off.append(_run(workload, tasks, False, env))
+        on.append(_run(workload, tasks, True, env))
+    ratio = statistics.median(a / b for a, b in zip(on, off, strict=True))
+    per_task_us = (statistics.median(on) - statistics.median(off)) / tasks * 1e6
+    return {"workload": name, "bar": None, "ratio": ratio, "baseline_s": statistics.median(off),
+            "instrumented_s": statistics.median(on), "per_task_us": per_task_us,
+            "detail": f"ranges on / off, both instrumented; {per_task_us:+.2f} µs a task"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--tasks", type=int, default=100_000)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "NVTX_"))}
+    base.update(OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none",
+                PYTHONPATH=os.pathsep.join([str(ROOT), base.get("PYTHONPATH", "")]))
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        library = build_recorder(Path(scratch))
+        tools = {"no tool": {}, "idle tool": {"NVTX_INJECTION64_PATH": str(library), "NVTX_RECORDER_DIR": ""},
+                 "recording tool": {"NVTX_INJECTION64_PATH": str(library), "NVTX_RECORDER_DIR": scratch}}
+        for workload, tasks in (("sync", args.tasks), ("threads", 2000)):
+            for tool, extra in tools.items():
+                name = f"nvtx {workload}-{tasks // 1000}k, {tool}"
+                rows.append(row(name, workload, tasks, {**base, **extra}, repeat=args.repeat))
+                for path in Path(scratch).glob("nvtx-*.tsv"):
+                    path.unlink()
+                print(f"{name:<36} off {rows[-1]['baseline_s']:.3f}s  on {rows[-1]['instrumented_s']:.3f}s  "
+                      f"ratio {rows[-1]['ratio']:.3f}  {rows[-1]['per_task_us']:+.2f} µs/task", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
