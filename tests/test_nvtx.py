@@ -213,3 +213,33 @@ def test_a_bad_value_names_the_variable() -> None:
 
     with pytest.raises(ConfigurationError, match="OTEL_GRAPH_NVTX='maybe' is not valid"):
         load_settings({"OTEL_GRAPH_NVTX": "maybe"})
+
+
+FOLDED = """
+import dask
+import otel_graph
+from otel_graph.telemetry import nvtx_ranges
+nvtx_ranges.MAX_PREFIXES = 3
+otel_graph.instrument_scheduler(nvtx=True)
+graph = {f"p{i}-1": (abs, -i) for i in range(6)}
+graph[b"raw-\\xff"] = (abs, -7)
+graph[("tab\\tname-1", 0)] = (abs, -8)
+graph["tab\\tkey-2"] = (abs, -9)
+print("RESULT", sum(dask.get(graph, list(graph))))
+"""
+
+
+def test_prefixes_past_the_limit_share_one_name_and_every_key_is_marked(tmp_path: Path, recorder: Path) -> None:
+    run = subprocess.run([sys.executable, "-c", FOLDED], env=subprocess_env(
+        OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none", **attached(recorder, tmp_path)),
+        capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and "RESULT 39" in run.stdout, run.stderr[-3000:]
+    recorded = read(tmp_path)
+    tasks = [r for r in recorded.ranges if r.category == "task"]
+    named = Counter(r.message for r in tasks)
+    assert named.pop("(other prefixes)") == 6, "the first three prefixes to run keep their names"
+    assert len(named) == 3 and set(named.values()) == {1}
+    assert len({r.colour for r in tasks if r.message == "(other prefixes)"}) == 1
+    marked = sorted(m.message for r in tasks for m in r.marks)
+    # A key is written as dask.task.key writes it; the tool's file shows a tab as a space.
+    assert marked == sorted([f"p{i}-1" for i in range(6)] + ["raw-\\xff", "('tab\\tname-1', 0)", "tab key-2"])
