@@ -31,7 +31,7 @@ API
     Idempotent: a second call returns the live handle. Options (keyword-only) override
     the ``OTEL_GRAPH_*`` variables: ``max_task_spans``, ``max_queued_spans``,
     ``exit_timeout_s``, ``drain_interval_s``, ``early_drain_tasks``, ``progress_interval_s``,
-    ``resources``, ``gpu``. A bad value raises
+    ``resources``, ``gpu``, ``nvtx``. A bad value raises
     :class:`ConfigurationError` naming the variable and what it accepts.
 ``handle.flush(timeout_s=None) -> bool``
     Blocks until everything recorded so far has been exported; True if it all went.

@@ -11,6 +11,7 @@
   ``compute_span``: most spans encoded straight to OTLP bytes as they end;
   ``task_context``: the running task as the parent of user spans.
 - ``metrics``: what tasks and computes add to the metric stream.
+- ``nvtx_ranges``: tasks and computes as NVTX ranges for Nsight Systems (``OTEL_GRAPH_NVTX``).
 - ``process_state``: the telemetry one process holds (providers, readings, the exit hook),
   shared by the handle at the top and by :mod:`otel_graph.cluster`.
 
