@@ -86,7 +86,7 @@ static void describe(const nvtxEventAttributes_t *attributes, char *text, size_t
     if (attributes != NULL) {
         if (attributes->messageType == NVTX_MESSAGE_TYPE_ASCII) {
             clean(message, attributes->message.ascii, sizeof message);
-        } else if (attributes->messageType == NVTX_MESSAGE_TYPE_REGISTERED) {
+        } else if (attributes->messageType == NVTX_MESSAGE_TYPE_REGISTERED && attributes->message.registered != NULL) {
             clean(message, ((struct named *)attributes->message.registered)->name, sizeof message);
         }
         snprintf(text, size, "%s\t%u\t%08x", message, attributes->category,
@@ -129,6 +129,9 @@ static void name_category(nvtxDomainHandle_t domain, uint32_t category, const ch
 static void event_line(const char *what, nvtxDomainHandle_t domain, const char *extra,
                        const nvtxEventAttributes_t *attributes) {
     char text[1200], line[1600];
+    if (out_dir == NULL) { /* idle: not even the line is made */
+        return;
+    }
     describe(attributes, text, sizeof text);
     int n = snprintf(line, sizeof line, "%s\t%s\t%lu\t%llu\t%s%s\n", what, domain_name(domain),
                      (unsigned long)pthread_self(), now_ns(), extra, text);
@@ -138,6 +141,9 @@ static void event_line(const char *what, nvtxDomainHandle_t domain, const char *
 /* A pop or end line: what, domain, thread, time, then `extra` (a tab and a range id, or nothing). */
 static void end_line(const char *what, nvtxDomainHandle_t domain, const char *extra) {
     char line[512];
+    if (out_dir == NULL) {
+        return;
+    }
     int n = snprintf(line, sizeof line, "%s\t%s\t%lu\t%llu%s\n", what, domain_name(domain),
                      (unsigned long)pthread_self(), now_ns(), extra);
     emit(line, n);

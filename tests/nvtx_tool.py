@@ -33,7 +33,7 @@ def build_recorder(into: Path) -> Path:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     assert compiler, "no C compiler to build the NVTX test tool with"
     library = into / "libnvtx_recorder.so"
-    subprocess.run([compiler, "-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror", "-I", str(nvtx_headers()),
+    subprocess.run([compiler, "-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror", "-isystem", str(nvtx_headers()),
                     str(SOURCE), "-o", str(library), "-lpthread"], check=True, capture_output=True, timeout=120)
     return library
 

@@ -23,6 +23,9 @@ from nvtx_tool import Range, Recorded, attached, build_recorder, read
 from otel_graph.telemetry.nvtx_ranges import colour
 from subprocesses import run_app
 
+# The tool is a shared library NVTX loads with dlopen, built against headers shipped for Linux.
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the tests' NVTX tool is built for Linux")
+
 
 @pytest.fixture(scope="session")
 def recorder(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -102,6 +105,7 @@ def _check_task_ranges(profiled: Profiled, scheduler: str, *, expected: int, nam
 
 
 def test_sync_tasks_run_in_ranges_nested_in_their_compute(local: Profiled) -> None:
+    assert local.run.value("TOOL_SEEN") == "True"
     assert local.recorded.unbalanced == []
     assert local.run.value("RESULT sync") == "6"
     ranges = _check_task_ranges(local, "sync", expected=6)  # 4 load, total, boom
@@ -162,6 +166,16 @@ def test_cluster_workers_run_tasks_in_ranges_turned_on_by_the_clients_option(tmp
     assert held.holds(int(fetch["startTimeUnixNano"]), int(fetch["endTimeUnixNano"]))
 
 
+@needs_distributed
+def test_in_process_workers_run_tasks_in_ranges_until_uninstrumented(tmp_path: Path, recorder: Path) -> None:
+    profiled = _profile(tmp_path, recorder, "--schedulers", "inprocess", "--uninstrument")
+    assert profiled.run.value("RESULT inprocess") == str(sum(i * 2 for i in range(8)))
+    assert profiled.recorded.unbalanced == []
+    ranges = _check_task_ranges(profiled, "distributed", expected=8)
+    assert {r.pid for r in ranges} == {s["pid"] for s in profiled.spans}, "all in the one process"
+    assert profiled.run.value("RESTORED") == "True", "uninstrument() puts distributed's runners back"
+
+
 def test_off_nothing_is_imported_and_no_range_made(tmp_path: Path, recorder: Path) -> None:
     # Tool attached, option and variable unset: otel_graph makes no NVTX call at all.
     out = tmp_path
@@ -169,7 +183,8 @@ def test_off_nothing_is_imported_and_no_range_made(tmp_path: Path, recorder: Pat
                                  OTEL_GRAPH_FILE_DIR=str(out), **attached(recorder, out / "nvtx"))
     run = run_app("nvtx_app.py", "--how", "variable", "--schedulers", "threads,processes", env=environment)
     assert run.value("NVTX_IMPORTED") == "False"
-    assert read(out / "nvtx").ranges == [] and len(_spans(out)) == 24 + 6 + 2
+    # The tool writes its file at the first NVTX call a process makes: there was none.
+    assert list((out / "nvtx").glob("nvtx-*.tsv")) == [] and len(_spans(out)) == 24 + 6 + 2
 
 
 def test_the_variable_turns_ranges_on(tmp_path: Path, recorder: Path) -> None:
@@ -181,6 +196,7 @@ def test_no_tool_attached_the_compute_runs_and_is_traced(tmp_path: Path) -> None
     environment = subprocess_env(OTEL_TRACES_EXPORTER="otlp_file", OTEL_METRICS_EXPORTER="none",
                                  OTEL_GRAPH_FILE_DIR=str(tmp_path), OTEL_GRAPH_NVTX="true")
     run = run_app("nvtx_app.py", "--schedulers", "sync,threads,processes", env=environment)
+    assert run.value("TOOL_SEEN") == "False", "no tool: nothing is wrapped"
     assert run.value("RESULT sync") == "6" and run.value("RESULT threads") == str(sum(i * 2 for i in range(24)))
     assert sum(s["name"] == "dask.compute" for s in _spans(tmp_path)) == 4
 

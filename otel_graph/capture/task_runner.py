@@ -5,7 +5,9 @@ to its pool: each worker process unpickles :func:`run_remote` and imports this m
 run its batches. Dask's processes scheduler starts a pool per compute (with ``spawn``, a
 fresh interpreter each time), so this module imports nothing but the standard library,
 Dask (loaded there already) and :mod:`otel_graph.telemetry.events`: no OpenTelemetry, whose
-imports would cost each worker process 10-25 ms, every compute.
+imports would cost each worker process 10-25 ms, every compute. With NVTX ranges on and a
+tool attached, a pool process also imports :mod:`otel_graph.telemetry.nvtx_ranges` and the
+``nvtx`` binding (which imports numpy where it is installed).
 """
 
 from __future__ import annotations
@@ -81,18 +83,19 @@ def execute(key: Any, task_info: Any, dumps: Callable[[Any], Any], loads: Callab
 TaskArgs = tuple[Any, Any, Any, Any, Any, Any]
 
 
-def in_ranges(started: Callable[[Any], None], ended: Callable[[], None]) -> Callable[..., tuple[Any, Any, bool]]:
+def in_ranges(started: Callable[[Any], bool], ended: Callable[[], None]) -> Callable[..., tuple[Any, Any, bool]]:
     """:func:`execute` inside an NVTX range (:mod:`otel_graph.telemetry.nvtx_ranges`):
-    ``started(key)`` before, ``ended()`` after, in the thread that runs the task."""
+    ``started(key)`` before, ``ended()`` after if it started one, in the thread that runs the task."""
 
     def execute_in_range(key: Any, task_info: Any, dumps: Callable[[Any], Any], loads: Callable[[Any], Any],
                          get_id: Callable[[], Any], pack_exception: Callable[[BaseException, Any], Any],
                          emit: Callable[[tuple[Any, ...]], Any], parent: Any) -> tuple[Any, Any, bool]:
-        started(key)
+        pushed = started(key)
         try:
             return execute(key, task_info, dumps, loads, get_id, pack_exception, emit, parent)
         finally:  # the sync scheduler's pack_exception raises
-            ended()
+            if pushed:
+                ended()
 
     return execute_in_range
 

@@ -23,6 +23,7 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry.metrics import Observation
@@ -42,7 +43,7 @@ class _ProcessTelemetry:
     by_worker: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
     nested: Any = None  # (tracker, capture) tracing computes that tasks here start
     #: Puts distributed's task runners back, while this process's tasks run in NVTX ranges.
-    unwrap_runners: Any = None
+    unwrap_runners: Callable[[], None] | None = None
     #: What the process's span exporter delivered, per worker, until reported.
     deliveries = Deliveries()
     #: The task counts the process's metric exporter delivered (one worker's, with accounts);

@@ -42,7 +42,6 @@ from otel_graph.cluster.process import (
 from otel_graph.cluster.propagation import listen_on_worker, say_listening, seal_env, unseal_env
 from otel_graph.cluster.task_spans import _WORKER_DRAIN_S, WorkerTelemetry
 from otel_graph.config import exit_timeout
-from otel_graph.errors import ConfigurationError
 from otel_graph.telemetry.nvtx_ranges import Ranges, process_ranges
 
 logger = logging.getLogger("otel_graph")
@@ -83,7 +82,7 @@ def _run_in_ranges(wanted: bool, worker: Any) -> Ranges | None:
         return None
     try:
         ranges = process_ranges()
-    except ConfigurationError as exc:
+    except Exception as exc:  # ConfigurationError: no binding, or one too old
         logger.warning("otel_graph: no NVTX ranges on worker %s: %s", getattr(worker, "address", "?"), exc)
         return None
     if ranges is not None and _ProcessTelemetry.unwrap_runners is None:

@@ -13,21 +13,24 @@ What a range says:
 
 * its message is the task's prefix (``inc``, ``rechunk-merge``), as the task's span is named.
   Nsight sums per message, so this gives time per prefix; a message per key would give 10^5
-  rows of one instance each, and NVTX messages are registered strings, kept for the life of
-  the process. Past :data:`MAX_PREFIXES` prefixes a process names the rest
+  rows of one instance each. Past :data:`MAX_PREFIXES` prefixes a process names the rest
   ``(other prefixes)``, as the task metrics do;
-* the task's key rides on an NVTX mark at the range's start (Nsight shows it on hovering), so
-  one task can be matched in Nsight and in Jaeger by its key (``dask.task.key``);
+* the task's key rides on an NVTX mark just inside the range's start (Nsight shows it on
+  hovering; a report matches it to its range by thread and time), so one task can be matched
+  in Nsight and in Jaeger by its key (``dask.task.key``). Not the range's payload: a payload is
+  a number, or with numpy a typed blob that tools show as bytes. The mark's message is a
+  string registered for it alone (the binding's own cache of registered strings would keep
+  every key here); the tool keeps it, as it keeps every message it records;
 * its colour is the prefix's, picked from :data:`otel_graph.naming.PREFIX_COLOURS` by a hash
   of the prefix that is the same in every process and run;
 * its category is ``task``. A compute's range is named ``dask.compute``, in category
   ``compute``, with a mark naming its trace (``trace_id=4bf92f35...``): Jaeger finds the trace
   by that id.
 
-The binding is the ``nvtx`` package (the ``gpu`` extra), imported when first asked for. NVTX
-costs next to nothing with no tool attached; here that costs nothing at all: a tool attaches
-at the process's start (Nsight sets ``NVTX_INJECTION64_PATH``), and when the ``dask`` domain
-says none listens, :func:`process_ranges` returns None and nothing is wrapped.
+The binding is the ``nvtx`` package (the ``gpu`` extra; 0.2.14 or later), imported when first
+asked for. NVTX costs next to nothing with no tool attached; here that costs nothing at all: a
+tool attaches at the process's start (Nsight sets ``NVTX_INJECTION64_PATH``), and when the
+``dask`` domain says none listens, :func:`process_ranges` returns None and nothing is wrapped.
 
 Nothing here raises into a task: a failing NVTX call is counted and said once in the log.
 """
@@ -71,7 +74,8 @@ def check_binding() -> None:
 def process_ranges() -> Ranges | None:
     """This process's ranges; None when no NVTX tool is attached to it.
 
-    Raises :class:`ConfigurationError` when the binding is not installed.
+    Raises :class:`ConfigurationError` when the binding is not installed or is not one this
+    module can use.
     """
     if _DECIDED:
         return _DECIDED[0]
@@ -85,12 +89,18 @@ def process_ranges() -> Ranges | None:
 def _attached() -> Ranges | None:
     import nvtx
 
-    domain = nvtx.get_domain(DOMAIN)
-    # The binding hands out a stand-in domain whose calls do nothing when no tool listens.
-    if not isinstance(domain, nvtx.Domain):
-        logger.debug("otel_graph: no NVTX tool is attached to this process; no ranges are made")
-        return None
-    return Ranges(domain)
+    try:
+        domain = nvtx.get_domain(DOMAIN)
+        # The binding hands out a stand-in domain whose calls do nothing when no tool listens.
+        if not isinstance(domain, nvtx.Domain):
+            logger.debug("otel_graph: no NVTX tool is attached to this process; no ranges are made")
+            return None
+        return Ranges(domain)
+    except Exception as exc:  # a binding older than the one these calls were written for
+        version = getattr(nvtx, "__version__", "unknown")
+        raise ConfigurationError(
+            f"{OTEL_GRAPH_NVTX}=true needs the nvtx package 0.2.14 or later (installed: {version}; {exc!r}): "
+            f"{INSTALL}") from None
 
 
 def colour(prefix: str) -> int:
@@ -107,16 +117,16 @@ class Ranges:
     """The ``dask`` domain's ranges in one process; every method is safe from any thread."""
 
     def __init__(self, domain: Any) -> None:
-        from nvtx._lib import EventAttributes, RegisteredString  # the binding's event and string types
+        # Not the binding's public API: a string registered without its cache, for marks.
+        from nvtx._lib import RegisteredString
 
         self._domain = domain
         self._handle = domain.handle
-        self._event = EventAttributes
         self._string = RegisteredString
         self._task_category = domain.get_category_id("task")
         self._compute_category = domain.get_category_id("compute")
-        self._compute = EventAttributes(domain, domain.get_registered_string(COMPUTE), colour(COMPUTE),
-                                        self._compute_category)
+        self._compute = domain.get_event_attributes(message=COMPUTE, color=colour(COMPUTE),
+                                                    category=self._compute_category)
         self._by_prefix: dict[str, Any] = {}
         self._named: set[str] = set()
         self._lock = threading.Lock()
@@ -125,15 +135,17 @@ class Ranges:
 
     # -- tasks -----------------------------------------------------------------------------
 
-    def task_started(self, key: Any) -> None:
-        """Push the task's range in this thread, and mark its key at its start."""
+    def task_started(self, key: Any) -> bool:
+        """Push the task's range in this thread, and mark its key at its start; True if pushed
+        (then :meth:`task_ended` pops it)."""
         try:
             attributes = self._attributes(task_prefix(key))
             self._domain.push_range(attributes)
         except Exception:
             self._failed()
-            return
+            return False
         self._mark(key_to_str(key), attributes)
+        return True
 
     def task_ended(self) -> None:
         """Pop this thread's innermost ``dask`` range (the task's)."""
@@ -179,13 +191,14 @@ class Ranges:
     def _attributes(self, prefix: str) -> Any:
         attributes = self._by_prefix.get(prefix)
         if attributes is None:
+            # Past the limit a prefix is folded under the lock at every task: kept, the
+            # unnamed prefixes (a key without '-' is its own) would grow the dict without end.
             with self._lock:
                 name = fold_prefix(prefix, self._named, limit=MAX_PREFIXES)
                 attributes = self._by_prefix.get(name)
                 if attributes is None:
-                    domain = self._domain
-                    attributes = self._event(domain, domain.get_registered_string(name), colour(name),
-                                             self._task_category)
+                    attributes = self._domain.get_event_attributes(message=name, color=colour(name),
+                                                                   category=self._task_category)
                     self._by_prefix[name] = attributes
                 if name != OTHER_PREFIXES:
                     self._by_prefix[prefix] = attributes
@@ -194,8 +207,9 @@ class Ranges:
     def _mark(self, text: str, like: Any) -> None:
         try:
             # A string registered for this mark alone: the binding's own cache would keep every key.
-            message = self._string(self._handle, text)
-            self._domain.mark(self._event(self._domain, message, like.color, like.category))
+            attributes = self._domain.get_event_attributes(color=like.color, category=like.category)
+            attributes.message = self._string(self._handle, text)
+            self._domain.mark(attributes)
         except Exception:
             self._failed()
 

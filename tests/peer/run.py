@@ -112,8 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=int, default=300, help="seconds a test may take (pytest-timeout)")
     parser.add_argument("--reuse", action="store_true", help="keep the results of runs already in --out")
     parser.add_argument("--nvtx", action="store_true",
-                        help="attach an NVTX tool to both runs and turn otel_graph's NVTX ranges on in the instrumented "
-                             "one (OTEL_GRAPH_NVTX=true)")
+                        help="attach an NVTX tool to both runs and turn otel_graph's NVTX ranges on in the "
+                             "instrumented one (OTEL_GRAPH_NVTX=true)")
     parser.add_argument("files", nargs="*", default=list(DEFAULT_FILES))
     args = parser.parse_args(argv)
     src = args.src.resolve()

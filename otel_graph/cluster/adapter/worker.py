@@ -18,10 +18,10 @@ worker's event loop or the thread that runs a task. What is read, as of distribu
   ``keep-alive`` message, which every scheduler takes and ignores
   (:func:`say_to_scheduler`; the scheduler's side: :func:`.scheduler.read_worker_says`).
 * the task running on a thread: ``distributed.worker.thread_state.key`` and ``get_worker()``.
-* where a task runs: ``distributed.worker._run_task_simple(task, data, time_delay)``, on the
-  thread that runs it (an executor's), and ``_run_task_async`` (same arguments) for an
-  ``async def`` task, on the event loop; ``Worker.execute`` looks both up as module globals,
-  and ``task.key`` is the task's key. :func:`run_tasks_within` wraps them.
+* where a task runs: ``distributed.worker._run_task(task, data, execution_state, key, ...)`` on
+  the thread of a thread pool executor that runs it, and ``_run_task_async(task, data,
+  time_delay)`` for an ``async def`` task, on the event loop; ``Worker.execute`` looks both up
+  as module globals, and ``task.key`` is the task's key. :func:`run_tasks_within` wraps them.
 
 :func:`task_run` runs once per task: it reads plain values and builds one flat record,
 nothing more.
@@ -210,27 +210,30 @@ def current_task(*, default: Any = None) -> tuple[Any, Any] | Any:
         return default
 
 
-def run_tasks_within(*, started: Callable[[Any], None], ended: Callable[[], None],
+def run_tasks_within(*, started: Callable[[Any], bool], ended: Callable[[], None],
                      range_started: Callable[[Any], Any], range_ended: Callable[[Any], None]) -> Callable[[], None]:
-    """Run this process's workers' tasks between ``started(key)`` and ``ended()`` in the thread
-    that runs them, and ``async def`` tasks between ``range_started(key)`` and ``range_ended(its
-    result)``; returns what puts distributed back as it was.
+    """Run this process's workers' tasks between ``started(key)`` and ``ended()`` (if it started)
+    in the thread that runs them, and ``async def`` tasks between ``range_started(key)`` and
+    ``range_ended(its result)``; returns what puts distributed back as it was.
 
-    The wrappers carry the originals' names (``functools.wraps``): a process pool executor
-    pickles the runner by name, and gets distributed's own in its process. A task's error is
-    caught inside the runner, so its traceback holds no frame of ours.
+    Tasks on a thread pool executor only: distributed sends another executor (a process pool)
+    ``_run_task_simple`` by name, pickled when the pool gets to it, and a wrapper put back in
+    between would no longer pickle. A task's error is caught inside the runner, so its
+    traceback holds no frame of ours.
     """
     import distributed.worker as module
 
-    simple, run_async = module._run_task_simple, module._run_task_async
+    run_threaded, run_async = module._run_task, module._run_task_async
 
-    @functools.wraps(simple)
-    def _run_task_simple(task: Any, data: Any, time_delay: float) -> Any:
-        started(task.key)
+    @functools.wraps(run_threaded)
+    def _run_task(task: Any, data: Any, execution_state: Any, key: Any, active_threads: Any,
+                  active_threads_lock: Any, time_delay: float) -> Any:
+        pushed = started(key)
         try:
-            return simple(task, data, time_delay)
+            return run_threaded(task, data, execution_state, key, active_threads, active_threads_lock, time_delay)
         finally:
-            ended()
+            if pushed:
+                ended()
 
     @functools.wraps(run_async)
     async def _run_task_async(task: Any, data: Any, time_delay: float) -> Any:
@@ -240,11 +243,11 @@ def run_tasks_within(*, started: Callable[[Any], None], ended: Callable[[], None
         finally:
             range_ended(handle)
 
-    module._run_task_simple, module._run_task_async = _run_task_simple, _run_task_async
+    module._run_task, module._run_task_async = _run_task, _run_task_async
 
     def restore() -> None:
-        if module._run_task_simple is _run_task_simple:
-            module._run_task_simple = simple
+        if module._run_task is _run_task:
+            module._run_task = run_threaded
         if module._run_task_async is _run_task_async:
             module._run_task_async = run_async
 
