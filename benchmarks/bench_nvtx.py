@@ -12,7 +12,9 @@ so the ratio is what turning ranges on adds to an instrumented compute:
   Nsight Systems' own cost per call is its own.
 
 Workloads: ``sync-100k`` (no-op tasks: the per-task cost shows whole) and ``threads-2k``
-(tasks of 1 ms on 4 threads). Usage::
+(tasks of 1 ms on 4 threads). The sync rows also time the ranges' calls alone, a loop of
+them in a fresh interpreter with the same tool: the difference between whole runs is the
+same cost seen through a noisier lens. Usage::
 
     python benchmarks/bench_nvtx.py [--repeat 3] [--tasks 100000] [--json out.json]
 """
@@ -62,6 +64,32 @@ print(time.perf_counter() - start)
 """
 
 
+#: The ranges alone, per task: push, key mark and pop for 100,000 tuple keys of 20 prefixes,
+#: best of five; end-to-end differences between whole runs are noisier than that cost.
+ALONE = """
+import time
+from otel_graph.telemetry.nvtx_ranges import process_ranges
+ranges = process_ranges()
+keys = [(f"prefix{i % 20}-8a6f31c2", i) for i in range(100_000)]
+best = float("inf")
+for _ in range(5):
+    start = time.perf_counter()
+    if ranges is not None:
+        for key in keys:
+            if ranges.task_started(key):
+                ranges.task_ended()
+    best = min(best, time.perf_counter() - start)
+print(best / len(keys) * 1e6)
+"""
+
+
+def _alone(env: dict[str, str]) -> float:
+    """µs a task spends in its range's calls, in a fresh interpreter with ``env``'s tool."""
+    out = subprocess.run([sys.executable, "-c", ALONE], env=env, capture_output=True, text=True, check=True,
+                         timeout=600)
+    return float(out.stdout.split()[-1])
+
+
 def _run(workload: str, tasks: int, nvtx: bool, env: dict[str, str]) -> float:
     out = subprocess.run([sys.executable, "-c", RUN, workload, str(tasks), "1" if nvtx else "0"], env=env,
                          capture_output=True, text=True, check=True, timeout=900)
@@ -79,7 +107,7 @@ def row(name: str, workload: str, tasks: int, env: dict[str, str], *, repeat: in
     per_task_us = (statistics.median(on) - statistics.median(off)) / tasks * 1e6 if workload == "sync" else None
     detail = "ranges on / off, both instrumented"
     if per_task_us is not None:
-        detail += f"; {per_task_us:+.2f} µs a task"
+        detail += f"; {per_task_us:+.2f} µs a task end to end, {_alone(env):.2f} µs in the ranges' calls alone"
     return {"workload": name, "bar": None, "ratio": ratio, "baseline_s": statistics.median(off),
             "instrumented_s": statistics.median(on), "per_task_us": per_task_us, "detail": detail}
 
