@@ -61,16 +61,6 @@ _LOCK = threading.Lock()
 _DECIDED: list[Ranges | None] = []  # this process's answer, once asked
 
 
-def check_binding() -> None:
-    """Raise :class:`ConfigurationError` when the ``nvtx`` package is not installed."""
-    try:
-        import nvtx  # noqa: F401
-    except ImportError as exc:
-        raise ConfigurationError(
-            f"{OTEL_GRAPH_NVTX}=true (or instrument_scheduler(nvtx=True)) needs the nvtx package, "
-            f"which the gpu extra installs: {INSTALL} ({exc})") from None
-
-
 def process_ranges() -> Ranges | None:
     """This process's ranges; None when no NVTX tool is attached to it.
 
@@ -79,7 +69,6 @@ def process_ranges() -> Ranges | None:
     """
     if _DECIDED:
         return _DECIDED[0]
-    check_binding()
     with _LOCK:
         if not _DECIDED:
             _DECIDED.append(_attached())
@@ -87,8 +76,12 @@ def process_ranges() -> Ranges | None:
 
 
 def _attached() -> Ranges | None:
-    import nvtx
-
+    try:
+        import nvtx
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"{OTEL_GRAPH_NVTX}=true (or instrument_scheduler(nvtx=True)) needs the nvtx package, "
+            f"which the gpu extra installs: {INSTALL} ({exc})") from None
     try:
         domain = nvtx.get_domain(DOMAIN)
         # The binding hands out a stand-in domain whose calls do nothing when no tool listens.
