@@ -33,6 +33,11 @@ API
     ``exit_timeout_s``, ``drain_interval_s``, ``early_drain_tasks``, ``progress_interval_s``,
     ``resources``, ``gpu``, ``nvtx``. A bad value raises
     :class:`ConfigurationError` naming the variable and what it accepts.
+``name(job)``
+    A context manager and decorator naming the computes inside it (``dask.compute.name``:
+    ``with otel_graph.name("nightly-etl"):``), which label the compute metrics: each job's
+    history. Without one, a compute is named after the caller's current span, else the
+    function that called it.
 ``handle.flush(timeout_s=None) -> bool``
     Blocks until everything recorded so far has been exported; True if it all went.
 ``handle.uninstrument()``
@@ -59,6 +64,7 @@ from otel_graph.errors import ConfigurationError
 if TYPE_CHECKING:
     from otel_graph.instrumentation import Instrumentation
     from otel_graph.instrumentor import DaskInstrumentor
+    from otel_graph.telemetry.job import name
 
 
 def instrument_scheduler(*, tracer_provider: Any = None, meter_provider: Any = None, client: Any = None,
@@ -87,7 +93,11 @@ def __getattr__(name: str) -> Any:
         from otel_graph.instrumentation import Instrumentation
 
         return Instrumentation
+    if name == "name":
+        from otel_graph.telemetry.job import name as job_name
+
+        return job_name
     raise AttributeError(name)
 
 
-__all__ = ["ConfigurationError", "DaskInstrumentor", "Instrumentation", "__version__", "instrument_scheduler"]
+__all__ = ["ConfigurationError", "DaskInstrumentor", "Instrumentation", "__version__", "instrument_scheduler", "name"]

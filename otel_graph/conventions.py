@@ -68,6 +68,14 @@ ATTRIBUTES: dict[str, Attribute] = {
     "dask.scheduler": Attribute(_S, "`sync`, `threads`, `processes` or `distributed`."),
     "dask.graph.tasks": Attribute(_I, "Tasks the compute ran (dask.distributed: tasks in the graph it submitted)."),
     "dask.graph.tasks_lost": Attribute(_I, "Tasks a local scheduler submitted that never reported back."),
+    "dask.compute.name": Attribute(_S, "The job the compute is a run of: the innermost `otel_graph.name()`, else "
+                                   "the caller's current span's name, else the function that called compute "
+                                   "(`module.qualname`); at most 128 characters. On the compute metrics, a "
+                                   "process's first 200 names, the rest `(other jobs)`."),
+    "dask.graph.fingerprint": Attribute(_S, "16 hex digits naming the graph's shape (its task prefixes and their "
+                                        "counts, the prefix-to-prefix dependencies and theirs): the same for the "
+                                        "same job on other data of the same shape, in any process. "
+                                        "dask.distributed: of the tasks the scheduler took in."),
     "dask.compute.tasks_done": Attribute(_I, "Local schedulers: tasks finished by the progress span's end."),
     "dask.compute.tasks_running": Attribute(_I, "Local schedulers: tasks running at the progress span's end."),
     "dask.compute.tasks_waiting": Attribute(_I, "Local schedulers: tasks not yet started at the progress span's end."),
@@ -149,7 +157,8 @@ SPANS: dict[str, Span] = {
         "dask.compute",
         "One per compute, the root of its trace, a child of the caller's current span. Status ERROR when "
         "the compute fails.",
-        ("dask.scheduler", "dask.graph.tasks", "dask.graph.tasks_lost", "error.type", "dask.span.name",
+        ("dask.scheduler", "dask.compute.name", "dask.graph.fingerprint", "dask.graph.tasks",
+         "dask.graph.tasks_lost", "error.type", "dask.span.name",
          "dask.span.id", "otel_graph.incomplete", "otel_graph.processing_error"),
         ("exception", "dask.future.cancelled", "dask.future.released", "dask.worker.lost", "dask.worker.retired")),
     "task": Span(
@@ -205,6 +214,7 @@ EVENTS: dict[str, Event] = {
 }
 
 _BY_WORKER = ("dask.worker.id", "dask.worker.name")
+_COMPUTE = ("dask.scheduler", "dask.task.outcome", "dask.compute.name")
 _GPU = ("hw.id", "hw.name", "hw.vendor")
 _DISTRIBUTED = "dask.distributed"
 _FINE = ("dask.activity.context", "dask.activity", "dask.task.prefix", "dask.activity.phase", "dask.span.name",
@@ -216,8 +226,13 @@ METRICS: dict[str, Metric] = {
                                   "dask.task.recovered")),
     "dask.task.output.size": Metric("histogram", "By", "dask.sizeof of a task's result.",
                                     ("dask.task.prefix", "otel.metric.overflow")),
-    "dask.compute.duration": Metric("histogram", "s", "Wall time of a compute, end to end.",
-                                    ("dask.scheduler", "dask.task.outcome")),
+    "dask.compute.duration": Metric("histogram", "s", "Wall time of a compute, end to end.", _COMPUTE),
+    "dask.compute.tasks": Metric("histogram", "{task}", "Tasks a compute ran (dask.distributed: tasks in the "
+                                 "graph it submitted).", _COMPUTE),
+    "dask.compute.failed_tasks": Metric("histogram", "{task}", "Tasks of a compute that failed.", _COMPUTE,
+                                        "local schedulers"),
+    "dask.compute.output.size": Metric("histogram", "By", "dask.sizeof of all a compute's task results.", _COMPUTE,
+                                       "local schedulers"),
     "dask.memory.tasks": Metric("up-down counter", "{task}", "Task results held in memory by running computes.",
                                 ("dask.scheduler",)),
     "dask.memory.usage": Metric("up-down counter", "By",

@@ -31,22 +31,29 @@ def test_runs_recorded_since_the_last_fold_are_collected() -> None:
     ok = TaskEvent(("inc-1", 0), 0, 2_000_000, 1, 1, 28, "int", None)
     failed = TaskEvent("boom-2", 0, 1_000_000, 1, 1, -1, "", describe_exception(ValueError("x")))
     metrics.record_tasks([ok, failed], ["inc", "boom"], "sync")
-    metrics.record_compute(0.5, "sync", False)
+    metrics.record_compute(("sync", False, 0.5, "nightly", 2, 1, 28))
+    metrics.record_compute(("distributed", True, 2.0, "nightly", 7, -1, -1))  # unknown totals: not recorded
     duration = ("dask.task.duration", (("dask.scheduler", "sync"), ("dask.task.outcome", "success"),
                                        ("dask.task.prefix", "inc")))
     size = ("dask.task.output.size", (("dask.task.prefix", "inc"),))
-    compute = ("dask.compute.duration", (("dask.scheduler", "sync"), ("dask.task.outcome", "success")))
+    job = (("dask.compute.name", "nightly"), ("dask.scheduler", "sync"), ("dask.task.outcome", "success"))
+    failed_job = (("dask.compute.name", "nightly"), ("dask.scheduler", "distributed"), ("dask.task.outcome", "error"))
+    compute = ("dask.compute.duration", job)
     errors = ("dask.task.duration", (("dask.scheduler", "sync"), ("dask.task.outcome", "error"),
                                      ("dask.task.prefix", "boom")))
     first = _points(histograms, AggregationTemporality.CUMULATIVE)
-    assert first == {duration: (1, 0.002), size: (1, 28), compute: (1, 0.5), errors: (1, 0.001)}
+    assert first == {duration: (1, 0.002), size: (1, 28), compute: (1, 0.5), errors: (1, 0.001),
+                     ("dask.compute.tasks", job): (1, 2), ("dask.compute.failed_tasks", job): (1, 1),
+                     ("dask.compute.output.size", job): (1, 28), ("dask.compute.duration", failed_job): (1, 2.0),
+                     ("dask.compute.tasks", failed_job): (1, 7)}
 
     for _ in range(FOLD_AT + 10):  # past a fold in the recording thread, and some left over
         metrics.record_tasks([ok], ["inc"], "sync")
-        metrics.record_compute(0.5, "sync", False)
+        metrics.record_compute(("sync", False, 0.5, "nightly", 2, 1, 28))
     again = _points(histograms, AggregationTemporality.CUMULATIVE)
     assert again[duration][0] == again[size][0] == again[compute][0] == FOLD_AT + 11
     assert again[size][1] == 28 * (FOLD_AT + 11) and again[errors] == (1, 0.001)
+    assert again[("dask.compute.tasks", job)] == (FOLD_AT + 11, 2 * (FOLD_AT + 11))
 
 
 class Recording(MetricExporter):

@@ -64,6 +64,7 @@ from otel_graph.cluster.propagation import (
 )
 from otel_graph.conventions import observe
 from otel_graph.naming import OTHER_PREFIXES
+from otel_graph.telemetry.job import graph_fingerprint
 
 logger = logging.getLogger("otel_graph")
 
@@ -225,7 +226,8 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
             while len(self._owners) > _MAX_OWNERS:
                 self._owners.popitem(last=False)
             adapter.publish(scheduler, TOPIC, {"op": "graph", "traceparent": traceparent,
-                                               "tasks": len(tasks), "client": str(client)})
+                                               "tasks": len(tasks), "client": str(client),
+                                               "fingerprint": _fingerprint(scheduler, tasks)})
 
     def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
         if finish == "processing":
@@ -434,3 +436,13 @@ async def leave_cluster(dask_scheduler: Any = None, client_id: str = "") -> bool
     if PLUGIN_NAME in dask_scheduler.worker_plugins:
         await dask_scheduler.unregister_worker_plugin(comm=None, name=PLUGIN_NAME)
     return True
+
+
+def _fingerprint(scheduler: Any, tasks: Any) -> str | None:
+    """The ``dask.graph.fingerprint`` of the tasks a graph update brought: O(tasks), once a
+    compute, against the update's own O(tasks) work (about 1.7 µs a task to its ~100)."""
+    try:
+        return graph_fingerprint(adapter.graph_dependencies(scheduler, tasks))
+    except Exception:  # a changed internal costs the attribute, never the scheduler
+        logger.debug("otel_graph: could not fingerprint a graph update", exc_info=True)
+        return None

@@ -34,7 +34,8 @@ from otel_graph.telemetry.compute_span import ComputeSpan
 from otel_graph.telemetry.drain import Drainer
 from otel_graph.telemetry.encoded_batch import UNSET_STATUS, span_context_of
 from otel_graph.telemetry.events import AT_ERROR, AT_KEY
-from otel_graph.telemetry.metrics import Run
+from otel_graph.telemetry.job import graph_fingerprint
+from otel_graph.telemetry.metrics import Compute, Run, run_totals
 
 logger = logging.getLogger("otel_graph")
 
@@ -110,7 +111,8 @@ class Aside:
                         del self._records[record]
                         if not aside:
                             aside.append(encoding)
-                        aside.append((root, record.scheduler, tasks))
+                        aside.append((root, record.scheduler, tasks, record.job,
+                                      None if state is None else state.get("dependencies")))
                         self.spans += len(tasks) + 1
                         self._listed += len(tasks) + 1
                         full = len(aside) > ASIDE_COMPUTES or self._listed >= ASIDE_SPANS
@@ -160,20 +162,20 @@ class Aside:
         except Exception:  # none of them can be made: lost, and counted
             drainer.processing_errors += len(items) - 1  # and one by make()
             with self._lock:
-                self.spans -= sum(len(tasks) + 1 for _, _, tasks in items)
+                self.spans -= sum(len(item[2]) + 1 for item in items)
             raise
         made = 0
         runs: list[Run] = []
-        computes: list[tuple[str, bool, float]] = []
+        computes: list[Compute] = []
         encode, label = drainer.task_encoder.encode, drainer.metrics.label
         try:
-            for root, scheduler, tasks in items:
+            for root, scheduler, tasks, job, dependencies in items:
                 if drainer.halt:
                     break  # stop(drain=False): the rest stay counted as unbuilt
                 made += len(tasks) + 1
                 failed = False
                 try:
-                    done = self._spans_of(batch, root, scheduler, tasks, label, encode)
+                    done = self._spans_of(batch, root, scheduler, tasks, label, encode, dependencies)
                 except Exception:
                     drainer.processing_errors += 1
                     logger.debug("otel_graph: failed to process a compute", exc_info=True)
@@ -183,9 +185,10 @@ class Aside:
                         batch.add(*root, (), UNSET_STATUS)
                     except Exception as exc:
                         drainer.span_failed(exc)
+                failed_tasks, nbytes = run_totals(done) if done else (0, 0)
                 if done:
                     runs += done
-                computes.append((scheduler, failed, (root[4] - root[3]) / 1e9))
+                computes.append((scheduler, failed, (root[4] - root[3]) / 1e9, job, len(tasks), failed_tasks, nbytes))
             drainer.metrics.record_computes(computes, runs)
         finally:
             with self._lock:
@@ -194,11 +197,14 @@ class Aside:
                 drainer.queue_batch(batch)
 
     def _spans_of(self, batch: Any, root: tuple[Any, ...], scheduler: str,
-                  tasks: tuple[tuple[tuple[Any, ...], TaskFacts], ...], label: Any, encode: Any) -> list[Run]:
+                  tasks: tuple[tuple[tuple[Any, ...], TaskFacts], ...], label: Any, encode: Any,
+                  dependencies: Any) -> list[Run]:
         """One set-aside compute's spans, into ``batch``; its tasks' runs."""
         # The encoders read a span context's fields by position: the plain tuple serves as one.
         name, context, parent, start_ns, end_ns, attributes = root
         attributes["dask.graph.tasks"] = len(tasks)
+        if dependencies is not None:
+            attributes["dask.graph.fingerprint"] = graph_fingerprint(dependencies)
         runs, left = batch.add_tasks(context, tasks, label, scheduler, encode)
         if left:  # attributes that could not be encoded: made the generic way, which says what it left out
             facts = dict(tasks)

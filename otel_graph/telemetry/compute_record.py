@@ -55,13 +55,18 @@ class ComputeRecord:
                  "lost", "seen", "in_spans", "graph", "state", "plan", "sampled", "graph_tasks", "cluster",
                  "cluster_events", "task_span_ids", "caller", "parents", "assign_ids", "in_backlog",
                  "progress_ns", "progress_spans", "outer", "claimed", "inline", "batch", "span_context",
-                 "early_at", "drain_soon", "nvtx_range")
+                 "early_at", "drain_soon", "nvtx_range", "job", "failed_tasks", "output_bytes")
 
     def __init__(self, scheduler: str, span: trace.Span, start_ns: int, *, assign_ids: bool = False,
                  context: Context | None = None) -> None:
         """``context`` is the caller's (None: the current one), which its tasks run in, the task parent current."""
         self.scheduler = scheduler
         self.span = span
+        #: Its job's name (``dask.compute.name``; :mod:`otel_graph.telemetry.job`), set as it begins.
+        self.job = ""
+        #: Of the task records drained a slice at a time: those that failed, and their results' bytes.
+        self.failed_tasks = 0
+        self.output_bytes = 0
         #: Span ids given to tasks that had spans started inside them (otel_graph.telemetry.task_context).
         self.task_span_ids: dict[Any, int] = {}
         #: The thread that called compute, and the task parent of each thread running tasks.

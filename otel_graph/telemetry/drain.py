@@ -47,7 +47,8 @@ from otel_graph.telemetry.attributes import (
 from otel_graph.telemetry.compute_record import ComputeRecord
 from otel_graph.telemetry.compute_span import ComputeSpan
 from otel_graph.telemetry.events import AT_KEY, TaskEvent, describe_exception
-from otel_graph.telemetry.metrics import Run, TaskMetrics
+from otel_graph.telemetry.job import graph_fingerprint
+from otel_graph.telemetry.metrics import Compute, Run, TaskMetrics, run_totals
 from otel_graph.telemetry.policy import Aggregate, SpanPlan
 from otel_graph.telemetry.task_encoding import TaskAttributeEncoder
 
@@ -215,6 +216,11 @@ class Drainer:
         """Task metrics for ``events``, and their spans through ``plan`` (None: a span each)."""
         prefixes = [task_prefix(ev.key) for ev in events]
         self.metrics.record_tasks(events, prefixes, record.scheduler)
+        for ev in events:  # the compute's own totals (dask.compute.failed_tasks, .output.size)
+            if ev.error is not None:
+                record.failed_tasks += 1
+            elif ev.nbytes > 0:
+                record.output_bytes += ev.nbytes
         if not record.sampled:
             return
         if plan is not None:
@@ -363,6 +369,9 @@ class Drainer:
             span = record.span
             if record.scheduler != "distributed":
                 span.set_attribute("dask.graph.tasks", record.seen)
+                fingerprint = _fingerprint(record.state)
+                if fingerprint is not None:
+                    span.set_attribute("dask.graph.fingerprint", fingerprint)
             elif record.graph_tasks is not None:
                 span.set_attribute("dask.graph.tasks", record.graph_tasks)
             if record.submitted > record.seen:
@@ -380,8 +389,7 @@ class Drainer:
                 _end_outer(record, end_ns)
         finally:
             try:
-                self.metrics.record_compute((end_ns - record.start_ns) / 1e9, record.scheduler, failed,
-                                            runs=runs)
+                self.metrics.record_compute(compute_of(record, end_ns, failed, runs), runs=runs)
             except Exception:  # an application's instrument: counted, and the compute still leaves
                 self.processing_errors += 1
                 logger.debug("otel_graph: failed to record a compute's metrics", exc_info=True)
@@ -394,6 +402,29 @@ class Drainer:
         record.span.set_attribute("otel_graph.processing_error", True)
         record.span.end(end_time=record.end_ns or time.time_ns())
         _end_outer(record, record.end_ns)
+
+
+def compute_of(record: ComputeRecord, end_ns: int, failed: bool, runs: list[Run] | None) -> Compute:
+    """The compute's point in the compute histograms; ``runs``: its task runs not yet counted in
+    its totals (a compute drained whole)."""
+    seconds = (end_ns - record.start_ns) / 1e9
+    if record.scheduler == "distributed":  # its tasks ran, and were counted, on the workers
+        return (record.scheduler, failed, seconds, record.job,
+                -1 if record.graph_tasks is None else record.graph_tasks, -1, -1)
+    failed_tasks, nbytes = run_totals(runs) if runs else (0, 0)
+    return (record.scheduler, failed, seconds, record.job, record.seen, record.failed_tasks + failed_tasks,
+            record.output_bytes + nbytes)
+
+
+def _fingerprint(state: Any) -> str | None:
+    """``dask.graph.fingerprint`` of a local compute, from Dask's scheduler state (None: none)."""
+    if state is None:
+        return None
+    try:
+        return graph_fingerprint(state["dependencies"])
+    except Exception:  # Dask's state changed shape: the compute goes without
+        logger.debug("otel_graph: could not fingerprint a graph", exc_info=True)
+        return None
 
 
 def _end_outer(record: ComputeRecord, end_ns: int | None) -> None:

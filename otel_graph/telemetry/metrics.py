@@ -8,15 +8,26 @@ name                       unit       attributes
                                       ``dask.task.recovered`` on runs a lost
                                       worker never exported (:meth:`TaskMetrics.record_recovered`)
 ``dask.task.output.size``  ``By``     ``dask.task.prefix``
-``dask.compute.duration``  ``s``      ``dask.scheduler``, ``dask.task.outcome``
+``dask.compute.duration``  ``s``      ``dask.scheduler``, ``dask.task.outcome``,
+                                      ``dask.compute.name``
+``dask.compute.tasks``     ``{task}`` the same: tasks a compute ran (dask.distributed:
+                                      tasks in the graph it submitted)
+``dask.compute.failed_tasks`` ``{task}`` the same: tasks of a compute that failed
+                                      (local schedulers)
+``dask.compute.output.size`` ``By``   the same: its results' ``dask.sizeof`` total
+                                      (local schedulers)
 ``dask.memory.tasks``      ``{task}`` ``dask.scheduler``: results held right now (the
                                       CacheProfiler view)
 ``dask.memory.usage``      ``By``     ``dask.scheduler``: their ``dask.sizeof`` total
 =========================  =========  ================================================
 
 The histograms' count is the task (or compute) count. Their bucket boundaries are
-given as advice, fitted to task times (10 µs to 5 min) and result sizes (64 B to
-4 GiB); a View in the application's own provider overrides them.
+given as advice, fitted to task times (10 µs to 5 min; computes' to a day), result sizes
+(64 B to 4 GiB; a compute's to 16 TiB) and task counts; a View in the application's own
+provider overrides them. The compute histograms are each job's history (one point a
+compute, by ``dask.compute.name``, :mod:`otel_graph.telemetry.job`): a process labels them
+with its first :data:`~otel_graph.telemetry.job.MAX_NAMES` job names, the rest
+``(other jobs)``.
 
 The task prefix is the only per-task dimension, so the number of attribute sets stays
 bounded however many distinct keys run. A key's prefix is what Dask's ``key_split``
@@ -40,12 +51,17 @@ from otel_graph import conventions
 from otel_graph.export.histograms import HistogramSet, PreAggregatedHistogram
 from otel_graph.naming import INT64_MAX, OTHER_PREFIXES
 from otel_graph.telemetry.events import TaskEvent
+from otel_graph.telemetry.job import Names
 
 DURATION_BUCKETS_S = (
     0.00001, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
     0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 )
 SIZE_BUCKETS_BY = tuple(float(64 * 4**i) for i in range(14))  # 64 B .. 4 GiB
+#: A compute's: a nightly job runs for hours.
+COMPUTE_DURATION_BUCKETS_S = (*DURATION_BUCKETS_S, 600.0, 1800.0, 3600.0, 7200.0, 14400.0, 43200.0, 86400.0)
+COMPUTE_SIZE_BUCKETS_BY = tuple(float(64 * 4**i) for i in range(19))  # 64 B .. 16 TiB
+TASK_COUNT_BUCKETS = (0.0, 1.0, 10.0, 100.0, 1000.0, 10000.0, 100000.0, 1000000.0, 10000000.0)
 
 #: Runs (or computes) recorded before they are added to the histograms in bulk.
 FOLD_AT = 1024
@@ -55,6 +71,9 @@ _OVERFLOW = ("otel.metric.overflow", True)
 #: A task run as recorded, in plain values: (its prefix's label, or None for the overflow label;
 #: scheduler; failed; duration in ns; result bytes, or -1 unknown).
 Run = tuple[str | None, str, bool, int, int]
+#: A compute as recorded: (scheduler, failed, seconds, job name, tasks, failed tasks, result
+#: bytes), the last three -1 where unknown (a dask.distributed compute's tasks ran elsewhere).
+Compute = tuple[str, bool, float, str, int, int, int]
 #: Records values under one attribute set: a pre-aggregated histogram's, or an SDK instrument's.
 Record = Callable[[tuple[tuple[str, str], ...], Sequence[float]], None]
 
@@ -67,19 +86,26 @@ class TaskMetrics:
     def __init__(self, meter: Meter, *, histograms: HistogramSet | None = None) -> None:
         specs = [(name, conventions.metric(name).unit, conventions.metric(name).brief, bounds) for name, bounds in (
             ("dask.task.duration", DURATION_BUCKETS_S), ("dask.task.output.size", SIZE_BUCKETS_BY),
-            ("dask.compute.duration", DURATION_BUCKETS_S))]
+            ("dask.compute.duration", COMPUTE_DURATION_BUCKETS_S), ("dask.compute.tasks", TASK_COUNT_BUCKETS),
+            ("dask.compute.failed_tasks", TASK_COUNT_BUCKETS), ("dask.compute.output.size", COMPUTE_SIZE_BUCKETS_BY))]
         self._histograms = histograms
         #: Runs and computes recorded, not yet added to the histograms: (label, scheduler,
         #: failed, duration in ns, nbytes) and (scheduler, failed, seconds), plain values.
         self._runs: list[Run] = []
-        self._computes: list[tuple[str, bool, float]] = []
+        self._computes: list[Compute] = []
         self._duration: Record
         self._size: Record
         self._compute: Record
+        self._compute_tasks: Record
+        self._compute_failed: Record
+        self._compute_size: Record
+        #: The job names the compute histograms are labelled with, bounded.
+        self.names = Names()
         if histograms is not None:
             made = [histograms.add(PreAggregatedHistogram(name, unit, text, bounds))
                     for name, unit, text, bounds in specs]
-            self._duration, self._size, self._compute = (h.record for h in made)
+            (self._duration, self._size, self._compute, self._compute_tasks, self._compute_failed,
+             self._compute_size) = (h.record for h in made)
             self._lock = histograms.lock
             # Added in bulk, by the recording thread past FOLD_AT or by a collection, which
             # folds them first: a small compute's drain costs an append per task, not a
@@ -90,12 +116,13 @@ class TaskMetrics:
             instruments = [meter.create_histogram(name, unit=unit, description=text,
                                                   explicit_bucket_boundaries_advisory=bounds)
                            for name, unit, text, bounds in specs]
-            self._duration, self._size, self._compute = (_api_record(h) for h in instruments)
+            (self._duration, self._size, self._compute, self._compute_tasks, self._compute_failed,
+             self._compute_size) = (_api_record(h) for h in instruments)
             self._lock = threading.Lock()
             self._fold_at = 1  # the SDK's instruments: recorded at once, as it collects on its own
         self._attributes: dict[tuple[str | None, str, bool], tuple[tuple[str, Any], ...]] = {}
         self._by_prefix: dict[str | None, tuple[tuple[str, Any], ...]] = {None: (_OVERFLOW,)}
-        self._compute_attributes: dict[tuple[str, bool], tuple[tuple[str, Any], ...]] = {}
+        self._compute_attributes: dict[tuple[str, bool, str], tuple[tuple[str, Any], ...]] = {}
         self._prefixes: set[str] = set()
         self._warned_overflow = False
 
@@ -125,12 +152,20 @@ class TaskMetrics:
             if not failed:
                 self._size(self._size_attributes(label), [nbytes for _, nbytes in group if nbytes >= 0])
         computes, self._computes = self._computes, []
-        for scheduler, failed, seconds in computes:
-            attributes = self._compute_attributes.get((scheduler, failed))
+        for scheduler, failed, seconds, job, tasks, failed_tasks, nbytes in computes:
+            label = self.names.label(job)
+            attributes = self._compute_attributes.get((scheduler, failed, label))
             if attributes is None:
-                attributes = self._compute_attributes[(scheduler, failed)] = (
-                    ("dask.scheduler", scheduler), ("dask.task.outcome", "error" if failed else "success"))
+                attributes = self._compute_attributes[(scheduler, failed, label)] = (
+                    ("dask.scheduler", scheduler), ("dask.task.outcome", "error" if failed else "success"),
+                    ("dask.compute.name", label))
             self._compute(attributes, [seconds])
+            if tasks >= 0:
+                self._compute_tasks(attributes, [tasks])
+            if failed_tasks >= 0:
+                self._compute_failed(attributes, [failed_tasks])
+            if nbytes >= 0:
+                self._compute_size(attributes, [nbytes])
 
     def label(self, prefix: str) -> str | None:
         """``prefix``'s label in the metrics: itself, or None (the overflow label) past the
@@ -192,19 +227,29 @@ class TaskMetrics:
             attributes = self._by_prefix[prefix] = (("dask.task.prefix", prefix),)
         return attributes
 
-    def record_compute(self, duration_s: float, scheduler: str, failed: bool, *, runs: list[Run] | None = None
-                       ) -> None:
-        """A compute's duration; with ``runs``, its task runs too (:meth:`record_runs`), under one lock."""
-        self.record_computes([(scheduler, failed, duration_s)], runs)
+    def record_compute(self, compute: Compute, *, runs: list[Run] | None = None) -> None:
+        """A compute; with ``runs``, its task runs too (:meth:`record_runs`), under one lock."""
+        self.record_computes([compute], runs)
 
-    def record_computes(self, computes: list[tuple[str, bool, float]], runs: list[Run] | None = None) -> None:
-        """Computes' (scheduler, failed, duration in seconds), and their task runs, under one lock."""
+    def record_computes(self, computes: list[Compute], runs: list[Run] | None = None) -> None:
+        """Computes (:data:`Compute`), and their task runs, under one lock."""
         with self._lock:
             if runs:
                 self._runs += runs
             self._computes += computes
             if len(self._computes) >= self._fold_at or len(self._runs) >= self._fold_at:
                 self._fold()
+
+
+def run_totals(runs: Iterable[Run]) -> tuple[int, int]:
+    """Of a compute's task runs: how many failed, and the bytes of the results measured."""
+    failed = nbytes = 0
+    for run in runs:
+        if run[2]:
+            failed += 1
+        elif run[4] > 0:
+            nbytes += run[4]
+    return failed, nbytes
 
 
 def _api_record(instrument: Any) -> Record:

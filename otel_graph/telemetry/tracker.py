@@ -44,10 +44,11 @@ from otel_graph.telemetry.attributes import recovered_attributes
 from otel_graph.telemetry.compute_record import ComputeRecord
 from otel_graph.telemetry.compute_span import start_compute_span
 from otel_graph.telemetry.drain import Drainer
+from otel_graph.telemetry.job import current_name
 from otel_graph.telemetry.metrics import TaskMetrics
 from otel_graph.telemetry.passes import Passes
 from otel_graph.telemetry.spans import ApiEmitter
-from otel_graph.telemetry.task_context import current_context
+from otel_graph.telemetry.task_context import SPAN_KEY, current_context
 
 if TYPE_CHECKING:
     from otel_graph.telemetry.nvtx_ranges import Ranges
@@ -70,6 +71,13 @@ MAX_BACKLOG = 256
 INLINE_MAX_TASKS = 128
 #: How long stop() waits, once it gave up, for the thread to put down its slice.
 _HALT_WAIT_S = 0.2
+
+
+def _span_name(span: Any) -> str | None:
+    """The name of the caller's current span, which names its computes' job; None for none (or
+    one that is not a span of the SDK's: a task's parent, a remote parent)."""
+    name = getattr(span, "name", None)
+    return name if type(name) is str else None
 
 
 class Tracker:
@@ -173,13 +181,17 @@ class Tracker:
             and self._tracer_enabled()
         if light:
             context = current_context()  # read once: the root's parent, then the tasks' context
-            span = start_compute_span(self._emitter, "dask.compute", start_ns=start,
-                                      attributes={"dask.scheduler": scheduler}, context=context)
+            job = current_name(_span_name(context.get(SPAN_KEY) if SPAN_KEY is not None
+                                          else trace.get_current_span(context)))
+            span = start_compute_span(self._emitter, "dask.compute", start_ns=start, context=context,
+                                      attributes={"dask.scheduler": scheduler, "dask.compute.name": job})
         else:
             context = None
+            job = current_name(_span_name(trace.get_current_span()))
             span = self._tracer.start_span("dask.compute", start_time=start,
-                                           attributes={"dask.scheduler": scheduler})
+                                           attributes={"dask.scheduler": scheduler, "dask.compute.name": job})
         record = ComputeRecord(scheduler, span, start, assign_ids=self._assign_ids, context=context)
+        record.job = job
         record.inline = light
         if self._ranges is not None:
             record.nvtx_range = self._ranges.compute_started(record.span_context.trace_id)

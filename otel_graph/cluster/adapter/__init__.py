@@ -8,8 +8,8 @@ each listing what it reads:
 * :mod:`.client`: the ``Client`` methods otel_graph replaces on the class, and how they are
   put back (:func:`patch_client`, :func:`restore_client`); a future's shared state; the
   scheduler's identity and the stream to it; an asynchronous client's start;
-* :mod:`.scheduler`: task states by prefix, a finished run's compute times, the streams to
-  workers and their unsent messages, events sent to subscribed clients without being
+* :mod:`.scheduler`: task states by prefix, a graph update's dependencies, a finished
+  run's compute times, the streams to workers and their unsent messages, events sent to subscribed clients without being
   kept, workers' memory, distributed's fine performance metrics;
 * :mod:`.worker`: the run of a task that just finished (:func:`task_run`, once per task,
   timestamps put back on the worker's clock), transfers and spilling, the task running on
@@ -43,6 +43,7 @@ from otel_graph.cluster.adapter.scheduler import (
     add_stream_handler,
     fine_metric_readings,
     finished_run,
+    graph_dependencies,
     handles,
     is_scheduler,
     processing_on,
@@ -79,8 +80,8 @@ __all__ = [
     "TRACED_CALLS", "chain_async_start", "client_worker_count", "patch_client", "restore_client",
     "scheduler_address", "scheduler_id", "scheduler_stream", "watch_futures",
     # scheduler
-    "FinishedRun", "WorkerMemory", "add_stream_handler", "fine_metric_readings", "finished_run", "handles",
-    "is_scheduler", "processing_on", "publish", "read_worker_says", "stolen", "task_states", "unsent",
+    "FinishedRun", "WorkerMemory", "add_stream_handler", "fine_metric_readings", "finished_run", "graph_dependencies",
+    "handles", "is_scheduler", "processing_on", "publish", "read_worker_says", "stolen", "task_states", "unsent",
     "worker_count", "worker_memory", "worker_state", "worker_stream",
     # worker
     "WORKER_SAYS", "Phase", "TaskRun", "close_stream", "current_task", "held_keys", "is_closing",

@@ -115,6 +115,17 @@ def task_states(scheduler: Any) -> dict[str, int]:
     return totals
 
 
+def graph_dependencies(scheduler: Any, keys: Iterable[Any]) -> dict[Any, list[Any]]:
+    """key -> the keys it depends on, for the tasks of a graph update the scheduler holds."""
+    tasks = scheduler.tasks
+    found = {}
+    for key in keys:
+        ts = tasks.get(key)
+        if ts is not None:
+            found[key] = [dependency.key for dependency in ts.dependencies]
+    return found
+
+
 class FinishedRun(NamedTuple):
     """A run the scheduler just accepted as finished (``processing -> memory|erred``)."""
 
