@@ -5,10 +5,15 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-from conftest import subprocess_env
+from conftest import needs_distributed, subprocess_env
+from otlp_receiver import OtlpReceiver
+from subprocesses import otlp_env
 from otel_graph.telemetry.job import OTHER_NAMES, Names, current_name, fingerprint, graph_shape, name
 
 SHAPE = """
@@ -73,3 +78,52 @@ def test_names_past_the_limit_are_folded_and_counted() -> None:
     names = Names(limit=2)
     assert [names.label(job) for job in ["a", "b", "c", "a", "d"]] == ["a", "b", OTHER_NAMES, "a", OTHER_NAMES]
     assert names.folded == 2
+
+
+# -- real computes: the identity on the dask.compute span, the name on the compute metrics ----------
+APP = Path(__file__).parent / "apps" / "jobs.py"
+
+
+def _run_job(receiver: OtlpReceiver, *args: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The job's compute span, and the compute metric points it sent (with ``task_bytes``: the
+    results' bytes its task spans give, where the job ran them here)."""
+    receiver.clear()
+    proc = subprocess.run([sys.executable, str(APP), *args], capture_output=True, text=True, timeout=240,
+                          env=otlp_env(receiver.grpc_endpoint, "grpc"))
+    assert proc.returncode == 0 and "FLUSHED True" in proc.stdout, proc.stderr[-3000:]
+    (compute,) = [s for s in receiver.spans() if s["name"] == "dask.compute"]
+    points = [p for p in receiver.metrics() if p["name"].startswith("dask.compute.")]
+    compute["task_bytes"] = sum(s["attributes"].get("dask.task.nbytes", 0) for s in receiver.spans()
+                                if s["parent_span_id"] == compute["span_id"])
+    return compute, points
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[OtlpReceiver]:
+    with OtlpReceiver() as running:
+        yield running
+
+
+@pytest.mark.parametrize("scheduler", ["sync", "threads", "processes",
+                                       pytest.param("cluster", marks=needs_distributed)])
+def test_every_scheduler_names_and_fingerprints_its_computes(receiver: OtlpReceiver, scheduler: str) -> None:
+    named, points = _run_job(receiver, "--scheduler", scheduler, "--name", "nightly-etl", "--seed", "1")
+    other_data, _ = _run_job(receiver, "--scheduler", scheduler, "--seed", "2", "--span", "etl-request")
+    other_shape, _ = _run_job(receiver, "--scheduler", scheduler, "--seed", "1", "--fail")
+    fingerprint = named["attributes"]["dask.graph.fingerprint"]
+    assert len(fingerprint) == 16 and other_data["attributes"]["dask.graph.fingerprint"] == fingerprint
+    assert other_shape["attributes"]["dask.graph.fingerprint"] != fingerprint  # one task more: check
+    assert named["attributes"]["dask.compute.name"] == "nightly-etl"
+    assert other_data["attributes"]["dask.compute.name"] == "etl-request"
+    assert other_shape["attributes"]["dask.compute.name"] == "__main__.nightly_etl"
+    by_metric = {p["name"]: p for p in points}
+    duration = by_metric["dask.compute.duration"]
+    assert duration["attributes"]["dask.compute.name"] == "nightly-etl" and duration["count"] == 1
+    tasks = by_metric["dask.compute.tasks"]
+    assert tasks["attributes"] == duration["attributes"] and tasks["count"] == 1
+    assert tasks["sum"] == named["attributes"]["dask.graph.tasks"] > 16
+    if scheduler == "cluster":  # its tasks' failures and results are the workers' to count
+        assert "dask.compute.failed_tasks" not in by_metric and "dask.compute.output.size" not in by_metric
+    else:
+        assert by_metric["dask.compute.failed_tasks"]["sum"] == 0
+        assert by_metric["dask.compute.output.size"]["sum"] == named["task_bytes"] > 100 * 100 * 8

@@ -326,3 +326,17 @@ def test_data_links_use_fields_their_query_returns():
                 assert fields and fields <= grouped, (panel["title"], fields - grouped)
                 assert "$service" not in link["url"] and "${service}" not in link["url"], "a multi-value variable"
     assert links >= 1
+
+
+@pytest.mark.skipif(not PROMTOOL, reason="promtool comes with Debian's prometheus package")
+def test_the_docs_promql_examples_pass_promtool(tmp_path):
+    pages = sorted((Path(__file__).resolve().parent.parent / "docs").glob("*.md"))
+    blocks = [block for page in pages for block in re.findall(r"^```promql\n(.*?)^```", page.read_text(), re.S | re.M)]
+    queries = {}
+    for block in blocks:  # a block: queries, each after its comment line
+        for index, query in enumerate(re.split(r"^#.*\n", block, flags=re.M)):
+            if query.strip():
+                queries[f"q{len(queries)}_{index}"] = query.strip()
+    assert len(queries) >= 3
+    check = promtool_check(tmp_path, queries)
+    assert check.returncode == 0, check.stdout + check.stderr
