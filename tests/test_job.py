@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from conftest import needs_distributed, subprocess_env
+from otel_graph.telemetry.job import OTHER_NAMES, Names, current_name, fingerprint, graph_shape, name
 from otlp_receiver import OtlpReceiver
 from subprocesses import otlp_env
-from otel_graph.telemetry.job import OTHER_NAMES, Names, current_name, fingerprint, graph_shape, name
 
 SHAPE = """
 import dask.array as da
