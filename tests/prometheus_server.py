@@ -7,7 +7,9 @@ waits until it is ready. ``query(expr)`` runs an instant query through the HTTP 
 :class:`QueryError` with Prometheus's own message. ``wait_for(expr, predicate)`` waits,
 on Prometheus's answers and a deadline, until the result satisfies ``predicate``.
 ``honor_labels=True`` keeps the targets' own ``job`` and ``instance`` labels, as the
-stack's Prometheus does for the collector's exporter.
+stack's Prometheus does for the collector's exporter. ``data_dir`` starts it on storage
+made beforehand (blocks backfilled by ``promtool``: ``job_history.py``), and ``query(expr,
+at=...)`` evaluates at a given time.
 
 Usage::
 
@@ -41,7 +43,7 @@ class QueryError(AssertionError):
 
 class PrometheusServer:
     def __init__(self, jobs: Mapping[str, Sequence[str]], *, scrape_interval_ms: int = 1000,
-                 honor_labels: bool = False) -> None:
+                 honor_labels: bool = False, data_dir: Path | None = None) -> None:
         if PROMETHEUS is None:
             raise RuntimeError("prometheus is not installed (make test installs Debian's package as root)")
         self._dir = Path(tempfile.mkdtemp(prefix="otel-graph-prometheus-"))
@@ -55,6 +57,7 @@ class PrometheusServer:
         self.config = self._dir / "prometheus.yml"
         self.config.write_text("\n".join(lines) + "\n")
         self._proc: subprocess.Popen | None = None
+        self.data_dir = data_dir or self._dir / "data"
 
     @property
     def url(self) -> str:
@@ -63,7 +66,7 @@ class PrometheusServer:
     def start(self) -> PrometheusServer:
         self._log = (self._dir / "prometheus.log").open("w")
         self._proc = subprocess.Popen(
-            [PROMETHEUS, f"--config.file={self.config}", f"--storage.tsdb.path={self._dir / 'data'}",
+            [PROMETHEUS, f"--config.file={self.config}", f"--storage.tsdb.path={self.data_dir}",
              f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
             stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
@@ -95,9 +98,10 @@ class PrometheusServer:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def query(self, expr: str) -> list[dict[str, Any]]:
-        """Instant query; each result is {"metric": labels, "value": float}."""
-        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    def query(self, expr: str, *, at: float | None = None) -> list[dict[str, Any]]:
+        """Instant query (at ``at``, Unix seconds; None: now); each result is {"metric": labels, "value": float}."""
+        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": expr, **({} if at is None else
+                                                                                    {"time": str(at)})})
         try:
             with urllib.request.urlopen(url, timeout=10) as reply:
                 body = json.load(reply)

@@ -244,13 +244,14 @@ def test_every_datasource_uid_referenced_exists():
 
 def test_dashboards_have_readable_fixed_uids_and_the_variables_users_filter_by():
     boards = dashboards()
-    assert set(boards) == {"dask-overview", "dask-resources", "otel-graph-health"}
+    assert set(boards) == {"dask-jobs", "dask-overview", "dask-resources", "otel-graph-health"}
     for stem, board in boards.items():
         assert board["uid"] == stem
         variables = {v["name"] for v in board["templating"]["list"]}
         assert {"service", "host"} <= variables, stem
     assert "prefix" in {v["name"] for v in boards["dask-overview"]["templating"]["list"]}
     assert "worker" in {v["name"] for v in boards["dask-resources"]["templating"]["list"]}
+    assert "name" in {v["name"] for v in boards["dask-jobs"]["templating"]["list"]}
 
 
 @pytest.mark.skipif(not (NODE_MODULES / "@grafana" / "schema").exists() or not shutil.which("node"),
