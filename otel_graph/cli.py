@@ -51,6 +51,10 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("paths", nargs="+", type=Path)
     report.add_argument("--html", type=Path, help="also write a self-contained HTML report here")
     report.add_argument("--top", type=int, default=10, help="slowest tasks to list (default: %(default)s)")
+    report.add_argument("--compare", action="store_true",
+                        help="compare two runs of one job (the same dask.graph.fingerprint): the last two in one "
+                             "file, or the latest of each of two files")
+    report.add_argument("--fingerprint", help="with --compare: the runs of this fingerprint")
     export = commands.add_parser("export", help="convert OTLP JSON files for other tools")
     export.add_argument("--chrome", nargs="+", type=Path, required=True, metavar="PATH",
                         help="OTLP JSON files to convert to Chrome Trace Event JSON")
@@ -89,6 +93,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         from otel_graph.demo import run
 
         return run(out_dir=args.out, html=not args.no_html)
+    if args.command == "report" and (args.compare or args.fingerprint):
+        return _compare(args)
     if args.command == "report":
         from otel_graph.report.text import load, render
 
@@ -104,6 +110,26 @@ def _dispatch(args: argparse.Namespace) -> int:
             _say(lambda: print(f"\nHTML report: {args.html}"))
         return 0
     return _export_chrome(args.chrome, args.output)
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from otel_graph.report.compare import NothingToCompare, pick_runs, render
+    from otel_graph.report.text import load
+
+    problem = ("--fingerprint goes with --compare" if not args.compare else
+               "--compare takes one file or two" if len(args.paths) > 2 else
+               "--html does not go with --compare" if args.html is not None else None)
+    if problem is not None:
+        print(f"otel-graph: {problem}", file=sys.stderr)
+        return 2
+    files = [load([path]).computes for path in args.paths]
+    try:
+        before, after = pick_runs(files, fingerprint=args.fingerprint)
+    except NothingToCompare as exc:
+        print(f"otel-graph: {exc}", file=sys.stderr)
+        return 2
+    _say(lambda: render(before, after, sys.stdout))
+    return 0
 
 
 def _export_chrome(paths: Sequence[Path], output: Path) -> int:

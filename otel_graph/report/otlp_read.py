@@ -62,6 +62,8 @@ KEPT_ATTRIBUTES = frozenset({
     "dask.task.duration.min", "dask.task.duration.mean", "dask.span.name", "dask.span.id",
     "dask.compute.tasks_done", "dask.compute.tasks_running", "dask.compute.tasks_waiting",
     "dask.graph.tasks_lost", "otel_graph.incomplete", "otel_graph.processing_error",
+    # the compute's job, for comparing two runs of it
+    "dask.compute.name", "dask.graph.fingerprint",
 })
 KEPT_RESOURCE = frozenset({"service.name", "service.instance.id", "host.name", "process.pid",
                            "dask.worker.id", "dask.worker.name"})
@@ -335,6 +337,8 @@ _CHECKS: dict[str, Any] = {
     "code.function.name": _shared,
     "dask.scheduler": _shared,
     "dask.task.recovered": lambda v: v if v is True else None,
+    "dask.compute.name": _shared,
+    "dask.graph.fingerprint": _shared,
 }
 
 

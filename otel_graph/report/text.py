@@ -83,7 +83,7 @@ def load(paths: Sequence[str | os.PathLike[str]], *, progress: bool | None = Non
     return Loaded(grouped.computes, points, grouped.duplicates, grouped.traces)
 
 
-def _cell(value: object) -> str:
+def cell(value: object) -> str:
     """Untrusted text made safe to print: non-printable characters escaped, long text cut in the middle."""
     text = str(value)
     if not text.isprintable():  # ESC, BEL, C1 controls, bidi overrides, lone surrogates, ...
@@ -94,8 +94,8 @@ def _cell(value: object) -> str:
     return text
 
 
-def _table(out: TextIO, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    rows = [[_cell(cell) for cell in row] for row in rows]
+def table(out: TextIO, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    rows = [[cell(value) for value in row] for row in rows]
     widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows, strict=False)]
     line = "  ".join(f"{{:<{w}}}" if i == 0 else f"{{:>{w}}}" for i, w in enumerate(widths))
     out.write(line.format(*header) + "\n")
@@ -124,7 +124,7 @@ def render(loaded: Loaded, out: TextIO, *, top: int = 10) -> None:
 
     out.write("\nBottlenecks by task prefix\n")
     rows = prefix_table(computes, loaded.points)
-    _table(out, ["prefix", "duration", "% total", "tasks", "mean", "mean output", "MB/s", "GPU util",
+    table(out, ["prefix", "duration", "% total", "tasks", "mean", "mean output", "MB/s", "GPU util",
                  "GPU mem", "errors"],
            [[r.prefix, seconds(r.duration_s), f"{100 * r.share:.1f}", str(r.tasks), seconds(r.mean_s),
              size(r.mean_bytes), f"{r.throughput_mb_s:.1f}",
@@ -132,7 +132,7 @@ def render(loaded: Loaded, out: TextIO, *, top: int = 10) -> None:
              "-" if r.gpu_memory_bytes is None else size(r.gpu_memory_bytes), str(r.errors)] for r in rows])
 
     out.write("\nSlowest tasks\n")
-    _table(out, ["key", "prefix", "worker", "duration", "output"],
+    table(out, ["key", "prefix", "worker", "duration", "output"],
            [[str(s.attributes.get("dask.task.key", "")), str(s.attributes.get("dask.task.prefix", s.name)),
              str(s.attributes.get("dask.worker.id", "")), seconds(s.duration_ns / 1e9),
              size(s.attributes["dask.task.nbytes"]) if isinstance(s.attributes.get("dask.task.nbytes"), int)
@@ -141,7 +141,7 @@ def render(loaded: Loaded, out: TextIO, *, top: int = 10) -> None:
     workers, begin, end = worker_balance(computes)
     if workers:
         out.write(f"\nWorker balance: tasks running at once, in 10 slices of {seconds((end - begin) / 10 / 1e9)}\n")
-        _table(out, ["worker", "tasks", "busy", *[f"t{i}" for i in range(10)]],
+        table(out, ["worker", "tasks", "busy", *[f"t{i}" for i in range(10)]],
                [[w.worker, str(w.tasks), seconds(w.busy_s), *[f"{c:.1f}" for c in w.concurrency]]
                 for w in workers])
 
@@ -154,7 +154,7 @@ def _render_path(path: CriticalPath, out: TextIO) -> None:
     compute = path.compute
     wall = compute.wall_ns / 1e9
     state = ", incomplete: its dask.compute span is missing" if compute.incomplete else ""
-    out.write(f"\nCritical path of the compute at {_cell(compute.root.span_id)} "
+    out.write(f"\nCritical path of the compute at {cell(compute.root.span_id)} "
               f"({compute.task_count} tasks, wall {seconds(wall)}{state})\n")
     if not path.steps:
         out.write("  no task spans with keys under this compute\n")
@@ -177,7 +177,7 @@ def _render_path(path: CriticalPath, out: TextIO) -> None:
                      str(span.attributes.get("dask.worker.id", "")),
                      seconds((span.start_ns - compute.root.start_ns) / 1e9), seconds(span.duration_ns / 1e9),
                      _waited(step)])
-    _table(out, ["key", "prefix", "worker", "starts at", "duration", "waited"], rows)
+    table(out, ["key", "prefix", "worker", "starts at", "duration", "waited"], rows)
     if any(step.truncated for step in steps):
         out.write("  * more dependencies than were recorded: the path may miss the one it waited for\n")
     if any(step.unseen for step in steps):
