@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import threading
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -74,6 +76,51 @@ def test_without_a_name_the_span_then_the_calling_function_names_the_job() -> No
                                   "<locals>.nightly_etl")
 
 
+def test_one_name_entered_by_many_threads_at_once_and_an_async_def_decorated() -> None:
+    shared = name("shared")
+    barrier = threading.Barrier(4)
+    seen: list[str] = []
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            with shared:
+                barrier.wait(timeout=10)  # all four inside at once
+                seen.append(current_name(None))
+                barrier.wait(timeout=10)
+            seen.append(current_name("after"))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == [] and sorted(seen) == ["after"] * 4 + ["shared"] * 4
+
+    @name("async-job")
+    async def job() -> str:
+        await asyncio.sleep(0)
+        return current_name(None)
+
+    assert asyncio.run(job()) == "async-job"
+
+
+def test_libraries_that_compute_for_their_users_are_not_the_caller() -> None:
+    library = types.ModuleType("xarray.core.dataset")
+    exec("from otel_graph.telemetry.job import current_name\n"  # a library's method calling compute()
+         "def load():\n    return current_name(None)\n", library.__dict__)
+    odd = {"__name__": 42, "current_name": current_name}  # a module whose __name__ is not text
+    exec("def run():\n    return current_name(None)\n", odd)
+
+    def nightly() -> str:
+        return library.load()
+
+    assert nightly().endswith("test_libraries_that_compute_for_their_users_are_not_the_caller.<locals>.nightly")
+    assert odd["run"]() == "42.run"
+
+
 def test_names_past_the_limit_are_folded_and_counted() -> None:
     names = Names(limit=2)
     assert [names.label(job) for job in ["a", "b", "c", "a", "d"]] == ["a", "b", OTHER_NAMES, "a", OTHER_NAMES]
@@ -89,7 +136,7 @@ def _run_job(receiver: OtlpReceiver, *args: str) -> tuple[dict[str, Any], list[d
     results' bytes its task spans give, where the job ran them here)."""
     receiver.clear()
     proc = subprocess.run([sys.executable, str(APP), *args], capture_output=True, text=True, timeout=240,
-                          env=otlp_env(receiver.grpc_endpoint, "grpc"))
+                          env=otlp_env(receiver.grpc_endpoint, "grpc", OTEL_GRAPH_MAX_TASK_SPANS="unlimited"))
     assert proc.returncode == 0 and "FLUSHED True" in proc.stdout, proc.stderr[-3000:]
     (compute,) = [s for s in receiver.spans() if s["name"] == "dask.compute"]
     points = [p for p in receiver.metrics() if p["name"].startswith("dask.compute.")]
@@ -109,7 +156,7 @@ def receiver() -> Iterator[OtlpReceiver]:
 def test_every_scheduler_names_and_fingerprints_its_computes(receiver: OtlpReceiver, scheduler: str) -> None:
     named, points = _run_job(receiver, "--scheduler", scheduler, "--name", "nightly-etl", "--seed", "1")
     other_data, _ = _run_job(receiver, "--scheduler", scheduler, "--seed", "2", "--span", "etl-request")
-    other_shape, _ = _run_job(receiver, "--scheduler", scheduler, "--seed", "1", "--fail")
+    other_shape, failed_points = _run_job(receiver, "--scheduler", scheduler, "--seed", "1", "--fail")
     fingerprint = named["attributes"]["dask.graph.fingerprint"]
     assert len(fingerprint) == 16 and other_data["attributes"]["dask.graph.fingerprint"] == fingerprint
     assert other_shape["attributes"]["dask.graph.fingerprint"] != fingerprint  # one task more: check
@@ -122,8 +169,21 @@ def test_every_scheduler_names_and_fingerprints_its_computes(receiver: OtlpRecei
     tasks = by_metric["dask.compute.tasks"]
     assert tasks["attributes"] == duration["attributes"] and tasks["count"] == 1
     assert tasks["sum"] == named["attributes"]["dask.graph.tasks"] > 16
+    failed_run = {p["name"]: p for p in failed_points}
+    assert failed_run["dask.compute.duration"]["attributes"]["dask.task.outcome"] == "error"
     if scheduler == "cluster":  # its tasks' failures and results are the workers' to count
         assert "dask.compute.failed_tasks" not in by_metric and "dask.compute.output.size" not in by_metric
     else:
         assert by_metric["dask.compute.failed_tasks"]["sum"] == 0
         assert by_metric["dask.compute.output.size"]["sum"] == named["task_bytes"] > 100 * 100 * 8
+        assert failed_run["dask.compute.failed_tasks"]["sum"] == 1  # check raised; the rest ran
+
+
+def test_a_large_computes_totals_are_those_of_its_task_spans(receiver: OtlpReceiver) -> None:
+    # 1,600 chunks: drained a slice at a time while it runs, not whole at its end.
+    compute, points = _run_job(receiver, "--scheduler", "threads", "--size", "4000", "--name", "large")
+    by_metric = {p["name"]: p for p in points}
+    attributes = compute["attributes"]
+    assert attributes["dask.graph.tasks"] > 1000 and len(attributes["dask.graph.fingerprint"]) == 16
+    assert by_metric["dask.compute.tasks"]["sum"] == compute["attributes"]["dask.graph.tasks"]
+    assert by_metric["dask.compute.output.size"]["sum"] == compute["task_bytes"] > 4000 * 4000 * 8

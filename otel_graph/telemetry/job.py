@@ -7,7 +7,8 @@ the same from one run to the next:
 * ``dask.compute.name``, the job's name: the innermost :func:`name` in effect (a context
   manager or decorator), else the name of the caller's current span, else the qualified name
   of the function that called ``compute()`` (the first frame outside Dask, distributed,
-  otel_graph and the standard library). It labels the compute metrics, so each job has its own
+  otel_graph, libraries that compute for their users (xarray, dask-ml, Prefect, ...) and
+  the standard library's thread and event-loop machinery). It labels the compute metrics, so each job has its own
   history in Prometheus; a process names at most :data:`MAX_NAMES` jobs, the rest
   :data:`OTHER_NAMES`.
 * ``dask.graph.fingerprint``, the graph's shape: 16 hex digits of a BLAKE2b digest over its
@@ -28,12 +29,16 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
+import logging
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextvars import ContextVar
 from typing import Any, TypeVar, cast
 
 from otel_graph.naming import bounded_text, task_prefix
+
+logger = logging.getLogger("otel_graph")
 
 #: Job names a process labels its compute metrics with; past it, :data:`OTHER_NAMES`.
 MAX_NAMES = 200
@@ -42,9 +47,16 @@ OTHER_NAMES = "(other jobs)"
 MAX_NAME_CHARS = 128
 
 _NAME: ContextVar[str | None] = ContextVar("otel_graph_job_name", default=None)
-#: Module prefixes whose frames are not the caller's: who called compute() is outside them.
-_NOT_THE_CALLER = ("dask.", "distributed.", "otel_graph.", "concurrent.", "threading", "asyncio.", "contextlib",
-                   "functools", "runpy", "importlib.", "tornado.", "_pytest.", "pluggy.")
+#: The names each ``with otel_graph.name(...)`` replaced, innermost last, per context (thread,
+#: asyncio task): one ``name`` object may be entered in many at once.
+_REPLACED: ContextVar[tuple[str | None, ...]] = ContextVar("otel_graph_job_names_replaced", default=())
+#: Modules whose frames are not the caller's: who called compute() is outside them. Libraries
+#: that call compute() for their users are skipped too, as distributed skips them when it
+#: records a computation's code (``distributed.diagnostics.computations.ignore-modules``).
+_NOT_THE_CALLER = ("dask", "distributed", "otel_graph", "concurrent", "threading", "asyncio", "contextlib",
+                   "functools", "runpy", "importlib", "tornado", "_pytest", "pluggy", "xarray", "cudf", "cuml",
+                   "dask_cudf", "dask_ml", "dask_expr", "prefect", "xgboost", "rechunker", "zarr", "pint", "numpy",
+                   "pandas")
 F = TypeVar("F", bound=Callable[..., Any])
 #: Code object -> the job name its frames give (None: not the caller's; look further out).
 #: A compute is begun from a few call sites, so the walk out of Dask is a lookup a frame.
@@ -54,31 +66,42 @@ _UNSEEN = object()
 
 
 class name:  # noqa: N801 (used as otel_graph.name("nightly-etl"), like contextlib's lowercase helpers)
-    """Name the computes run inside: ``with otel_graph.name("nightly-etl"):`` or ``@otel_graph.name("etl")``."""
+    """Name the computes run inside: ``with otel_graph.name("nightly-etl"):`` or ``@otel_graph.name("etl")``
+    (on a function or an ``async def``).
+
+    It holds for the thread or asyncio task that entered it (and tasks started inside it).
+    One object may be entered by many threads at once; leaving it never raises.
+    """
 
     def __init__(self, job: str) -> None:
         if not isinstance(job, str) or not job.strip():
             raise TypeError(f"otel_graph.name() takes a non-empty string, not {job!r}")
         self.job = bounded_text(job.strip(), MAX_NAME_CHARS)
-        self._tokens: list[Any] = []
 
     def __enter__(self) -> name:
-        self._tokens.append(_NAME.set(self.job))
+        _REPLACED.set((*_REPLACED.get(), _NAME.get()))
+        _NAME.set(self.job)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        _NAME.reset(self._tokens.pop())
+        replaced = _REPLACED.get()
+        if replaced:  # else entered in another context: nothing of this one's to put back
+            _REPLACED.set(replaced[:-1])
+            _NAME.set(replaced[-1])
 
     def __call__(self, function: F) -> F:
-        job = self.job
+        if inspect.iscoroutinefunction(function):
+            @functools.wraps(function)
+            async def named_coroutine(*args: Any, **kwargs: Any) -> Any:
+                with self:  # its body runs when awaited, not when called
+                    return await function(*args, **kwargs)
+
+            return named_coroutine  # type: ignore[return-value]
 
         @functools.wraps(function)
         def named(*args: Any, **kwargs: Any) -> Any:
-            token = _NAME.set(job)
-            try:
+            with self:
                 return function(*args, **kwargs)
-            finally:
-                _NAME.reset(token)
 
         return named  # type: ignore[return-value]
 
@@ -110,9 +133,9 @@ def _caller() -> str:
 
 
 def _where(frame: Any) -> str | None:
-    """``module.qualname`` of a frame's function; None where it is Dask's, ours or the standard library's."""
-    module = frame.f_globals.get("__name__", "") or ""
-    if module.startswith(_NOT_THE_CALLER) or module in ("dask", "distributed", "otel_graph"):
+    """``module.qualname`` of a frame's function; None in a module of :data:`_NOT_THE_CALLER`."""
+    module = str(frame.f_globals.get("__name__", "") or "")
+    if module.partition(".")[0] in _NOT_THE_CALLER:
         return None
     code = frame.f_code
     qualname = getattr(code, "co_qualname", code.co_name)  # 3.11 and later: with its class
@@ -134,6 +157,10 @@ class Names:
             self._seen.add(job)
             return job
         self.folded += 1
+        if self.folded == 1:
+            logger.warning("otel_graph: computes of more than %d job names ran in this process; the compute metrics "
+                           "of further names are labelled dask.compute.name=%r (their spans keep the name)",
+                           self._limit, OTHER_NAMES)
         return OTHER_NAMES
 
 

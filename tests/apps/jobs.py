@@ -3,7 +3,8 @@
 ``--scheduler`` sync, threads, processes or cluster (a LocalCluster of two worker
 processes); ``--seed`` the data; ``--name`` runs it inside ``otel_graph.name(NAME)``,
 ``--span`` inside a span of that name, neither: named after :func:`nightly_etl`, the
-function that calls compute. ``--fail`` makes one task raise (caught). Prints FLUSHED
+function that calls compute. ``--fail`` makes one task raise (caught); ``--size`` is the
+array's side (default 400, in chunks of 100). Prints FLUSHED
 with the flush's result.
 
 ``--serve``: a long-lived process running the job once per line on stdin, a JSON object
@@ -64,6 +65,7 @@ def main() -> None:
     parser.add_argument("--name")
     parser.add_argument("--span")
     parser.add_argument("--fail", action="store_true")
+    parser.add_argument("--size", type=int, default=400)
     parser.add_argument("--serve", action="store_true")
     args = parser.parse_args()
     with contextlib.ExitStack() as stack:
@@ -81,7 +83,7 @@ def main() -> None:
             return
         with named, span:
             try:
-                print("RESULT", nightly_etl(args.seed, args.scheduler, fail=args.fail), flush=True)
+                print("RESULT", nightly_etl(args.seed, args.scheduler, fail=args.fail, size=args.size), flush=True)
             except ValueError as exc:
                 print("FAILED", exc, flush=True)
         print("FLUSHED", handle.flush(timeout_s=60), flush=True)
