@@ -339,7 +339,7 @@ class ClusterMembership:
                     record.graph_tasks = (record.graph_tasks or 0) + int(message.get("tasks", 0))
                     fingerprint = message.get("fingerprint")
                     if type(fingerprint) is str:  # a compute of several updates: its last's
-                        record.span.set_attribute("dask.graph.fingerprint", fingerprint)
+                        record.fingerprint = fingerprint  # on its span as it ends
             elif message.get("op") == "worker-lost":
                 self._worker_lost(cluster, message, self._recover(client_id, message))
                 if message.get("runs_recorder") == client_id:

@@ -173,22 +173,22 @@ class Aside:
                 if drainer.halt:
                     break  # stop(drain=False): the rest stay counted as unbuilt
                 made += len(tasks) + 1
-                failed = False
                 try:
                     done = self._spans_of(batch, root, scheduler, tasks, label, encode, dependencies)
                 except Exception:
                     drainer.processing_errors += 1
                     logger.debug("otel_graph: failed to process a compute", exc_info=True)
-                    done, failed = None, True
+                    done = None
                     root[5]["otel_graph.processing_error"] = True  # its root still ends, marked
                     try:
                         batch.add(*root, (), UNSET_STATUS)
                     except Exception as exc:
                         drainer.span_failed(exc)
-                failed_tasks, nbytes = run_totals(done) if done else (0, 0)
+                # Only computes that succeeded are set aside; one we failed to process has unknown totals.
+                failed_tasks, nbytes = run_totals(done) if done is not None else (-1, -1)
                 if done:
                     runs += done
-                computes.append((scheduler, failed, (root[4] - root[3]) / 1e9, job, len(tasks), failed_tasks, nbytes))
+                computes.append((scheduler, False, (root[4] - root[3]) / 1e9, job, len(tasks), failed_tasks, nbytes))
             drainer.metrics.record_computes(computes, runs)
         finally:
             with self._lock:

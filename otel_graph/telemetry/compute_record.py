@@ -55,7 +55,7 @@ class ComputeRecord:
                  "lost", "seen", "in_spans", "graph", "state", "plan", "sampled", "graph_tasks", "cluster",
                  "cluster_events", "task_span_ids", "caller", "parents", "assign_ids", "in_backlog",
                  "progress_ns", "progress_spans", "outer", "claimed", "inline", "batch", "span_context",
-                 "early_at", "drain_soon", "nvtx_range", "job", "failed_tasks", "output_bytes")
+                 "early_at", "drain_soon", "nvtx_range", "job", "fingerprint", "failed_tasks", "output_bytes")
 
     def __init__(self, scheduler: str, span: trace.Span, start_ns: int, *, assign_ids: bool = False,
                  context: Context | None = None) -> None:
@@ -64,6 +64,8 @@ class ComputeRecord:
         self.span = span
         #: Its job's name (``dask.compute.name``; :mod:`otel_graph.telemetry.job`), set as it begins.
         self.job = ""
+        #: Its ``dask.graph.fingerprint``, once known (dask.distributed: the scheduler's, when it says).
+        self.fingerprint: str | None = None
         #: Of the task records drained a slice at a time: those that failed, and their results' bytes.
         self.failed_tasks = 0
         self.output_bytes = 0

@@ -348,6 +348,9 @@ class Drainer:
 
     def finish(self, record: ComputeRecord, plan: SpanPlan[TaskEvent] | None) -> None:
         """End the compute now: its aggregates, its root span, its metrics; then it is forgotten."""
+        if record.fingerprint is None and record.scheduler != "distributed":
+            # O(tasks), so not under ``building``: inline drains of small computes wait on it.
+            record.fingerprint = _fingerprint(record.state)
         with self.building:  # its spans, the root's end and its leaving the count, as one
             if not self.halt:
                 batch = self._open_batch(record)
@@ -369,11 +372,12 @@ class Drainer:
             span = record.span
             if record.scheduler != "distributed":
                 span.set_attribute("dask.graph.tasks", record.seen)
-                fingerprint = _fingerprint(record.state)
-                if fingerprint is not None:
-                    span.set_attribute("dask.graph.fingerprint", fingerprint)
+                if record.fingerprint is None:  # drained whole: a small compute
+                    record.fingerprint = _fingerprint(record.state)
             elif record.graph_tasks is not None:
                 span.set_attribute("dask.graph.tasks", record.graph_tasks)
+            if record.fingerprint is not None:
+                span.set_attribute("dask.graph.fingerprint", record.fingerprint)
             if record.submitted > record.seen:
                 span.set_attribute("dask.graph.tasks_lost", record.submitted - record.seen)
             if error is not None:
