@@ -78,6 +78,9 @@ def pick_runs(files: Sequence[Sequence[Compute]], *, fingerprint: str | None = N
         after = max(candidates, key=lambda c: c.root.start_ns)
         before = max((c for c in before_file if fingerprint_of(c) == fingerprint_of(after)),
                      key=lambda c: c.root.start_ns)
+        if (before.root.trace_id, before.root.span_id) == (after.root.trace_id, after.root.span_id):
+            raise NothingToCompare("nothing to compare: both files give the same run (trace "
+                                   f"{before.root.trace_id}): the same file twice?")
         return before, after
     runs: dict[str, list[Compute]] = defaultdict(list)
     for compute in sorted(every, key=lambda c: c.root.start_ns):
@@ -135,8 +138,8 @@ def render(before: Compute, after: Compute, out: TextIO) -> None:
     name = after.root.attributes.get("dask.compute.name") or before.root.attributes.get("dask.compute.name")
     out.write(f"\nComparing two runs of {cell(name or 'an unnamed job')} "
               f"(fingerprint {cell(fingerprint_of(after))})\n")
-    ratio = after.wall_ns / before.wall_ns if before.wall_ns else 0.0
-    for label, run, extra in (("before", before, ""), ("after ", after, f" ({ratio:.2f}x)")):
+    ratio = f" ({after.wall_ns / before.wall_ns:.2f}x)" if before.wall_ns > 0 else ""
+    for label, run, extra in (("before", before, ""), ("after ", after, ratio)):
         started = datetime.fromtimestamp(run.root.start_ns / 1e9, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
         out.write(f"  {label}: trace {cell(run.root.trace_id)}, started {started}, "
                   f"wall {seconds(run.wall_ns / 1e9)}{extra}, {run.task_count} tasks\n")
