@@ -6,11 +6,11 @@ the same from one run to the next:
 
 * ``dask.compute.name``, the job's name: the innermost :func:`name` in effect (a context
   manager or decorator), else the name of the caller's current span, else the qualified name
-  of the function that called ``compute()`` (the first frame outside Dask, distributed,
-  otel_graph, libraries that compute for their users (xarray, dask-ml, Prefect, ...) and
-  the standard library's thread and event-loop machinery). It labels the compute metrics, so each job has its own
-  history in Prometheus; a process names at most :data:`MAX_NAMES` jobs, the rest
-  :data:`OTHER_NAMES`.
+  of the function that called ``compute()``: the first frame outside Dask, distributed,
+  otel_graph, the libraries that compute for their users (xarray, dask-ml, Prefect, ...)
+  and the standard library's thread and event-loop machinery. It labels the compute
+  metrics, so each job has its own history in Prometheus; a process names at most
+  :data:`MAX_NAMES` jobs, the rest :data:`OTHER_NAMES`.
 * ``dask.graph.fingerprint``, the graph's shape: 16 hex digits of a BLAKE2b digest over its
   task prefixes with their counts and the prefix-to-prefix dependencies with theirs, in a
   canonical order. The same job on other data of the same shape has the same fingerprint, in
@@ -69,7 +69,7 @@ class name:  # noqa: N801 (used as otel_graph.name("nightly-etl"), like contextl
     """Name the computes run inside: ``with otel_graph.name("nightly-etl"):`` or ``@otel_graph.name("etl")``
     (on a function or an ``async def``).
 
-    It holds for the thread or asyncio task that entered it (and tasks started inside it).
+    It holds for the thread or asyncio task that entered it (and asyncio tasks started inside it).
     One object may be entered by many threads at once; leaving it never raises.
     """
 
