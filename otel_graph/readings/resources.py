@@ -89,14 +89,14 @@ def observe_resources(meter: Meter, *, gpu: bool = True, switch: Switch | None =
         keeps the first callbacks registered under a name, so instruments are made once.
     """
     switch = switch or Switch()
-    system_cpu, process_cpu, process = _SystemCpu(), _ProcessCpu(), _ThisProcess()
+    system_cpu, process_cpu, process, memory = _SystemCpu(), _ProcessCpu(), _ThisProcess(), _SystemMemory()
     instruments: list[tuple[str, Reading]] = [
         ("process.cpu.utilization", process_cpu.read),
         ("process.memory.usage", lambda: [Observation(process.get().memory_info().rss)]),
         ("process.memory.virtual", lambda: [Observation(process.get().memory_info().vms)]),
         ("system.cpu.utilization", system_cpu.read),
-        ("system.memory.usage", lambda: _system_memory(fraction=False)),
-        ("system.memory.utilization", lambda: _system_memory(fraction=True)),
+        ("system.memory.usage", memory.usage),
+        ("system.memory.utilization", memory.utilization),
     ]
     for name, read in instruments:
         observe(meter, name, [guarded(name, read, switch)])
@@ -206,8 +206,25 @@ class _SystemCpu:
         return [Observation(_fraction(part / total), {"cpu.mode": mode}) for mode, part in delta.items()]
 
 
-def _system_memory(*, fraction: bool) -> list[Observation]:
-    memory: Any = psutil.virtual_memory()
+class _SystemMemory:
+    """The machine's memory by state, read once for both gauges of a collection: read apart,
+    usage and utilization would disagree while memory changes."""
+
+    def __init__(self) -> None:
+        self._read: list[Any] = []  # the reading usage() took, for the utilization() that follows
+
+    def usage(self) -> list[Observation]:
+        memory = psutil.virtual_memory()
+        self._read[:] = [memory]
+        return _system_memory(memory, fraction=False)
+
+    def utilization(self) -> list[Observation]:
+        # A collection calls the callbacks in the order they were registered: usage's first.
+        memory = self._read.pop() if self._read else psutil.virtual_memory()
+        return _system_memory(memory, fraction=True)
+
+
+def _system_memory(memory: Any, *, fraction: bool) -> list[Observation]:
     states = {"used": memory.used, "free": memory.free}
     if hasattr(memory, "buffers") and hasattr(memory, "cached"):
         states["buffers"], states["cached"] = memory.buffers, memory.cached
