@@ -61,8 +61,8 @@ class Range:
     depth: int = 0
     marks: list[Mark] = field(default_factory=list)
 
-    def holds(self, start_ns: int, end_ns: int) -> bool:
-        return self.start_ns <= start_ns and end_ns <= self.end_ns
+    def holds(self, start_ns: int, end_ns: int, *, slack_ns: int = 0) -> bool:
+        return self.start_ns - slack_ns <= start_ns and end_ns <= self.end_ns + slack_ns
 
 
 @dataclass
