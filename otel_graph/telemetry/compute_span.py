@@ -53,7 +53,7 @@ from opentelemetry.trace.span import TraceState
 from otel_graph.telemetry.attributes import exception_event_attributes
 from otel_graph.telemetry.encoded_batch import UNSET_STATUS
 from otel_graph.telemetry.events import describe_exception
-from otel_graph.telemetry.task_context import SPAN_KEY, current_context
+from otel_graph.telemetry.task_context import current_context, span_in
 
 _getrandbits = random_module.getrandbits
 
@@ -89,8 +89,7 @@ def start_compute_span(emitter: Any, name: str, *, start_ns: int, attributes: di
     ``attributes`` are the span's, taken as they are: pass a dict of its own."""
     if context is None:
         context = current_context()
-    # trace.get_current_span(context), read without its two calls where its key is known
-    current = context.get(SPAN_KEY) if SPAN_KEY is not None else trace.get_current_span(context)
+    current = span_in(context)
     parent = None
     if current is not None and current is not trace.INVALID_SPAN and isinstance(current, trace.Span):
         parent = current.get_span_context()  # no span: the usual case

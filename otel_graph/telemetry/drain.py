@@ -48,7 +48,7 @@ from otel_graph.telemetry.compute_record import ComputeRecord
 from otel_graph.telemetry.compute_span import ComputeSpan
 from otel_graph.telemetry.events import AT_KEY, TaskEvent, describe_exception
 from otel_graph.telemetry.job import graph_fingerprint
-from otel_graph.telemetry.metrics import Compute, Run, TaskMetrics, run_totals
+from otel_graph.telemetry.metrics import Compute, Run, TaskMetrics, outcome_totals, run_totals
 from otel_graph.telemetry.policy import Aggregate, SpanPlan
 from otel_graph.telemetry.task_encoding import TaskAttributeEncoder
 
@@ -183,6 +183,7 @@ class Drainer:
         budget (which gives tasks spans as they come): what :meth:`drain` would do, with no
         span plan. Most computes are this small; made and ended at once, they pay for no plan,
         and their spans, the root's too, are queued together, as are their metrics."""
+        _fingerprint(record)
         with self.building:
             if self.halt:
                 return
@@ -216,11 +217,10 @@ class Drainer:
         """Task metrics for ``events``, and their spans through ``plan`` (None: a span each)."""
         prefixes = [task_prefix(ev.key) for ev in events]
         self.metrics.record_tasks(events, prefixes, record.scheduler)
-        for ev in events:  # the compute's own totals (dask.compute.failed_tasks, .output.size)
-            if ev.error is not None:
-                record.failed_tasks += 1
-            elif ev.nbytes > 0:
-                record.output_bytes += ev.nbytes
+        # The compute's own totals (dask.compute.failed_tasks, .output.size).
+        failed, nbytes = outcome_totals((ev.error is not None, ev.nbytes) for ev in events)
+        record.failed_tasks += failed
+        record.output_bytes += nbytes
         if not record.sampled:
             return
         if plan is not None:
@@ -348,9 +348,7 @@ class Drainer:
 
     def finish(self, record: ComputeRecord, plan: SpanPlan[TaskEvent] | None) -> None:
         """End the compute now: its aggregates, its root span, its metrics; then it is forgotten."""
-        if record.fingerprint is None and record.scheduler != "distributed":
-            # O(tasks), so not under ``building``: inline drains of small computes wait on it.
-            record.fingerprint = _fingerprint(record.state)
+        _fingerprint(record)
         with self.building:  # its spans, the root's end and its leaving the count, as one
             if not self.halt:
                 batch = self._open_batch(record)
@@ -372,8 +370,6 @@ class Drainer:
             span = record.span
             if record.scheduler != "distributed":
                 span.set_attribute("dask.graph.tasks", record.seen)
-                if record.fingerprint is None:  # drained whole: a small compute
-                    record.fingerprint = _fingerprint(record.state)
             elif record.graph_tasks is not None:
                 span.set_attribute("dask.graph.tasks", record.graph_tasks)
             if record.fingerprint is not None:
@@ -420,15 +416,17 @@ def compute_of(record: ComputeRecord, end_ns: int, failed: bool, runs: list[Run]
             record.output_bytes + nbytes)
 
 
-def _fingerprint(state: Any) -> str | None:
-    """``dask.graph.fingerprint`` of a local compute, from Dask's scheduler state (None: none)."""
-    if state is None:
-        return None
+def _fingerprint(record: ComputeRecord) -> None:
+    """A local compute's ``dask.graph.fingerprint``, from Dask's scheduler state, for its end
+    to set. O(tasks): worked out before a drain takes ``building``, which inline drains of
+    small computes wait on. A dask.distributed compute's comes from the scheduler."""
+    state = record.state
+    if record.fingerprint is not None or record.scheduler == "distributed" or state is None:
+        return
     try:
-        return graph_fingerprint(state["dependencies"])
+        record.fingerprint = graph_fingerprint(state["dependencies"])
     except Exception:  # Dask's state changed shape: the compute goes without
         logger.debug("otel_graph: could not fingerprint a graph", exc_info=True)
-        return None
 
 
 def _end_outer(record: ComputeRecord, end_ns: int | None) -> None:

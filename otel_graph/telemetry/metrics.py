@@ -243,12 +243,17 @@ class TaskMetrics:
 
 def run_totals(runs: Iterable[Run]) -> tuple[int, int]:
     """Of a compute's task runs: how many failed, and the bytes of the results measured."""
+    return outcome_totals((run[2], run[4]) for run in runs)
+
+
+def outcome_totals(outcomes: Iterable[tuple[bool, int]]) -> tuple[int, int]:
+    """Of tasks' (failed, result bytes or -1): how many failed, and the bytes of those that did not."""
     failed = nbytes = 0
-    for run in runs:
-        if run[2]:
+    for task_failed, size in outcomes:
+        if task_failed:
             failed += 1
-        elif run[4] > 0:
-            nbytes += run[4]
+        elif size > 0:
+            nbytes += size
     return failed, nbytes
 
 

@@ -101,6 +101,16 @@ except (ImportError, AttributeError):
     SPAN_KEY = None
 
 
+def span_in(context: Any) -> Any:
+    """``trace.get_current_span(context)``, read without its two calls where the key is known
+    (then None, not INVALID_SPAN, when the context holds no span)."""
+    if SPAN_KEY is None:
+        from opentelemetry.trace import get_current_span
+
+        return get_current_span(context)
+    return context.get(SPAN_KEY)
+
+
 def with_span(span: Any, context: Any = None) -> Any:
     """``trace.set_span_in_context(span, context)``, as the API makes it: a copy of ``context``
     (None: the current one) with ``span`` current."""

@@ -48,7 +48,7 @@ from otel_graph.telemetry.job import current_name
 from otel_graph.telemetry.metrics import TaskMetrics
 from otel_graph.telemetry.passes import Passes
 from otel_graph.telemetry.spans import ApiEmitter
-from otel_graph.telemetry.task_context import SPAN_KEY, current_context
+from otel_graph.telemetry.task_context import current_context, span_in
 
 if TYPE_CHECKING:
     from otel_graph.telemetry.nvtx_ranges import Ranges
@@ -181,8 +181,7 @@ class Tracker:
             and self._tracer_enabled()
         if light:
             context = current_context()  # read once: the root's parent, then the tasks' context
-            job = current_name(_span_name(context.get(SPAN_KEY) if SPAN_KEY is not None
-                                          else trace.get_current_span(context)))
+            job = current_name(_span_name(span_in(context)))
             span = start_compute_span(self._emitter, "dask.compute", start_ns=start, context=context,
                                       attributes={"dask.scheduler": scheduler, "dask.compute.name": job})
         else:
