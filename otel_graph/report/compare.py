@@ -71,8 +71,8 @@ def pick_runs(files: Sequence[Sequence[Compute]], *, fingerprint: str | None = N
     if len(files) == 2:
         before_file, after_file = ([c for c in computes if fingerprint_of(c)] for computes in files)
         shared = {fingerprint_of(c) for c in before_file} & {fingerprint_of(c) for c in after_file}
-        candidates = [c for c in after_file if fingerprint_of(c) in shared and fingerprint_of(c) in
-                      (shared if fingerprint is None else {fingerprint})]
+        wanted = shared if fingerprint is None else shared & {fingerprint}
+        candidates = [c for c in after_file if fingerprint_of(c) in wanted]
         if not candidates:
             raise NothingToCompare(_nothing(every, fingerprint, "the two files have no fingerprint in common"))
         after = max(candidates, key=lambda c: c.root.start_ns)
@@ -145,10 +145,9 @@ def render(before: Compute, after: Compute, out: TextIO) -> None:
                   f"wall {seconds(run.wall_ns / 1e9)}{extra}, {run.task_count} tasks\n")
 
     out.write("\nPrefixes, most task time added first\n")
-    table(out, ["prefix", "tasks before", "tasks after", "mean before", "mean after", "ratio",
-                 "time added"],
-           [[c.prefix, str(c.tasks_before), str(c.tasks_after), seconds(c.mean_before_s), seconds(c.mean_after_s),
-             "-" if c.ratio is None else f"{c.ratio:.2f}x", _signed(c.added_s)] for c in prefix_changes(before, after)])
+    table(out, ["prefix", "tasks before", "tasks after", "mean before", "mean after", "ratio", "time added"],
+          [[c.prefix, str(c.tasks_before), str(c.tasks_after), seconds(c.mean_before_s), seconds(c.mean_after_s),
+            "-" if c.ratio is None else f"{c.ratio:.2f}x", _signed(c.added_s)] for c in prefix_changes(before, after)])
 
     old, new = critical_path(before), critical_path(after)
     old_shape, new_shape = path_shape(old), path_shape(new)
@@ -167,8 +166,8 @@ def render(before: Compute, after: Compute, out: TextIO) -> None:
         for prefix, _, total in shape:
             on_path[prefix][index] += total
     table(out, ["prefix on the path", "before", "after", "time added"],
-           [[prefix, seconds(was), seconds(now), _signed(now - was)]
-            for prefix, (was, now) in sorted(on_path.items(), key=lambda item: item[1][0] - item[1][1])])
+          [[prefix, seconds(was), seconds(now), _signed(now - was)]
+           for prefix, (was, now) in sorted(on_path.items(), key=lambda item: item[1][0] - item[1][1])])
 
 
 def _signed(value_s: float) -> str:

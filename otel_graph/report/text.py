@@ -125,25 +125,25 @@ def render(loaded: Loaded, out: TextIO, *, top: int = 10) -> None:
     out.write("\nBottlenecks by task prefix\n")
     rows = prefix_table(computes, loaded.points)
     table(out, ["prefix", "duration", "% total", "tasks", "mean", "mean output", "MB/s", "GPU util",
-                 "GPU mem", "errors"],
-           [[r.prefix, seconds(r.duration_s), f"{100 * r.share:.1f}", str(r.tasks), seconds(r.mean_s),
-             size(r.mean_bytes), f"{r.throughput_mb_s:.1f}",
-             "-" if r.gpu_utilization is None else f"{100 * r.gpu_utilization:.0f}%",
-             "-" if r.gpu_memory_bytes is None else size(r.gpu_memory_bytes), str(r.errors)] for r in rows])
+                "GPU mem", "errors"],
+          [[r.prefix, seconds(r.duration_s), f"{100 * r.share:.1f}", str(r.tasks), seconds(r.mean_s),
+            size(r.mean_bytes), f"{r.throughput_mb_s:.1f}",
+            "-" if r.gpu_utilization is None else f"{100 * r.gpu_utilization:.0f}%",
+            "-" if r.gpu_memory_bytes is None else size(r.gpu_memory_bytes), str(r.errors)] for r in rows])
 
     out.write("\nSlowest tasks\n")
     table(out, ["key", "prefix", "worker", "duration", "output"],
-           [[str(s.attributes.get("dask.task.key", "")), str(s.attributes.get("dask.task.prefix", s.name)),
-             str(s.attributes.get("dask.worker.id", "")), seconds(s.duration_ns / 1e9),
-             size(s.attributes["dask.task.nbytes"]) if isinstance(s.attributes.get("dask.task.nbytes"), int)
-             else "-"] for s in slowest_tasks(computes, top=top)])
+          [[str(s.attributes.get("dask.task.key", "")), str(s.attributes.get("dask.task.prefix", s.name)),
+            str(s.attributes.get("dask.worker.id", "")), seconds(s.duration_ns / 1e9),
+            size(s.attributes["dask.task.nbytes"]) if isinstance(s.attributes.get("dask.task.nbytes"), int)
+            else "-"] for s in slowest_tasks(computes, top=top)])
 
     workers, begin, end = worker_balance(computes)
     if workers:
         out.write(f"\nWorker balance: tasks running at once, in 10 slices of {seconds((end - begin) / 10 / 1e9)}\n")
         table(out, ["worker", "tasks", "busy", *[f"t{i}" for i in range(10)]],
-               [[w.worker, str(w.tasks), seconds(w.busy_s), *[f"{c:.1f}" for c in w.concurrency]]
-                for w in workers])
+              [[w.worker, str(w.tasks), seconds(w.busy_s), *[f"{c:.1f}" for c in w.concurrency]]
+               for w in workers])
 
     for path in sorted((critical_path(c) for c in computes), key=lambda p: p.compute.wall_ns,
                        reverse=True)[:PATHS_SHOWN]:
