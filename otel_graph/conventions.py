@@ -229,10 +229,10 @@ METRICS: dict[str, Metric] = {
     "dask.compute.duration": Metric("histogram", "s", "Wall time of a compute, end to end.", _COMPUTE),
     "dask.compute.tasks": Metric("histogram", "{task}", "Tasks a compute ran (dask.distributed: tasks in the "
                                  "graph it submitted).", _COMPUTE),
-    "dask.compute.failed_tasks": Metric("histogram", "{task}", "Tasks of a compute that failed.", _COMPUTE,
-                                        "local schedulers"),
-    "dask.compute.output.size": Metric("histogram", "By", "dask.sizeof of all a compute's task results.", _COMPUTE,
-                                       "local schedulers"),
+    "dask.compute.failed_tasks": Metric("histogram", "{task}", "Tasks of a compute that failed (dask.distributed: "
+                                        "counted by the scheduler).", _COMPUTE),
+    "dask.compute.output.size": Metric("histogram", "By", "dask.sizeof of all a compute's task results "
+                                       "(dask.distributed: as its workers measured them).", _COMPUTE),
     "dask.memory.tasks": Metric("up-down counter", "{task}", "Task results held in memory by running computes.",
                                 ("dask.scheduler",)),
     "dask.memory.usage": Metric("up-down counter", "By",

@@ -12,10 +12,12 @@ nothing per task:
   with transfer and spill phases, and task metrics, built off the event loop and
   exported by the worker itself; :mod:`.process`: what the process shares (delivery
   accounts, SIGTERM, its SDK, spill counters);
-* :mod:`.scheduler` (scheduler process): gauges read at export time, one event per
-  graph and per lost worker, and a tally per finished task (:mod:`.ledger`: what a
-  worker killed outright took with it); each task's context handed to its worker;
-  distributed's fine performance metrics as counters (:mod:`.fine_metrics`);
+* :mod:`.scheduler` (scheduler process): gauges read at export time
+  (:mod:`.scheduler_gauges`), one event per graph, per compute and per lost worker, and
+  a tally per finished task (:mod:`.ledger`: what a worker killed outright took with it;
+  :mod:`.compute_totals`: each compute's failed tasks and result bytes); each task's
+  context handed to its worker; distributed's fine performance metrics as counters
+  (:mod:`.fine_metrics`);
 * :mod:`.adapter`: the only package that reads distributed's internals (one module per side);
 * :mod:`.preload`: ``dask scheduler|worker --preload otel_graph``.
 

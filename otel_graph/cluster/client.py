@@ -185,6 +185,7 @@ class ClusterCapture(ClusterMembership):
             self.attach(client)
             record = self._begin(outer)
             record.cluster = adapter.scheduler_address(client)
+            record.failed_tasks = record.output_bytes = -1  # unknown until the scheduler says
             named = span_attributes()  # the distributed span it is submitted in
             if named:
                 record.span.set_attributes(named)

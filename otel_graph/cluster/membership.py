@@ -340,6 +340,15 @@ class ClusterMembership:
                     fingerprint = message.get("fingerprint")
                     if type(fingerprint) is str:  # a compute of several updates: its last's
                         record.fingerprint = fingerprint  # on its span as it ends
+            elif message.get("op") == "totals" and message.get("client") == client_id:
+                record = self._tracker.find_traceparent(message.get("traceparent"))
+                failed, nbytes = message.get("failed_tasks"), message.get("output_bytes")
+                # Sent before the scheduler reports the compute's outputs (:mod:`.compute_totals`), so
+                # it comes while the compute runs; one per graph update. After its end (a compute
+                # the client cancelled) it is too late to be its totals, whether drained or not.
+                if record is not None and record.end_ns is None and type(failed) is int and type(nbytes) is int:
+                    record.failed_tasks = max(record.failed_tasks, 0) + failed
+                    record.output_bytes = max(record.output_bytes, 0) + nbytes
             elif message.get("op") == "worker-lost":
                 self._worker_lost(cluster, message, self._recover(client_id, message))
                 if message.get("runs_recorder") == client_id:

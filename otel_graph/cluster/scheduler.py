@@ -4,28 +4,21 @@ The scheduler is every cluster's bottleneck (one event loop), so next to nothing
 runs per task. :class:`SchedulerTelemetryPlugin` does these things:
 
 * **Gauges, read only when a metric reader collects**, from summaries the scheduler
-  already keeps (O(prefixes + workers), never O(tasks)):
-
-  ===========================  ==========  ============================================
-  ``dask.scheduler.tasks``     ``{task}``  ``dask.task.state``, ``dask.scheduler.address``
-  ``dask.scheduler.workers``   ``{worker}`` ``dask.scheduler.address``
-  ``dask.worker.memory.usage`` ``By``      ``dask.worker.id``, ``dask.worker.name``,
-                                           ``dask.memory.state``: managed, unmanaged,
-                                           spilled
-  ``dask.worker.memory.limit`` ``By``      ``dask.worker.id``, ``dask.worker.name``
-  ===========================  ==========  ============================================
-
-  and distributed's fine performance metrics as counters (:mod:`.fine_metrics`).
+  already keeps (:mod:`.scheduler_gauges`), and distributed's fine performance metrics
+  as counters (:mod:`.fine_metrics`).
 * **Each task's trace context**, from the note a client sent ahead of its graph, handed
   to the worker the task is sent to (:class:`.propagation.Routes`: a dict entry a task,
   and one message per worker and scheduler step).
 * **Per graph update**, one event to subscribed clients with the number of tasks the
-  update brought, for the compute span's ``dask.graph.tasks``.
+  update brought, for the compute span's ``dask.graph.tasks``, and its
+  ``dask.graph.fingerprint``; **per compute**, once its outputs settle, one event to the
+  client that submitted it with its failed tasks and result bytes (:mod:`.compute_totals`).
 * **Per worker removed**, one event, so that open compute spans can say which worker
   was lost mid-graph, carrying what the worker took with it: tasks that ran there whose
   telemetry it never delivered (:mod:`.ledger`). That takes the one per-task step here,
   :meth:`SchedulerTelemetryPlugin.transition`: a tally per run that finished on a worker
-  that keeps accounts (~3 us, measured; the scheduler spends ~100 us or more a task).
+  that keeps accounts (~3 us, measured; the scheduler spends ~100 us or more a task),
+  next to the compute's own totals.
 * It keeps the set of instrumented clients using the cluster (:func:`join_cluster`,
   :func:`leave_cluster`), so the last one to ``uninstrument()`` takes the plugins off
   and the others keep theirs.
@@ -50,9 +43,8 @@ from collections import OrderedDict
 from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
-from opentelemetry.metrics import CallbackOptions, Observation
 
-from otel_graph.cluster import adapter, fine_metrics, ledger
+from otel_graph.cluster import adapter, compute_totals, ledger
 from otel_graph.cluster.propagation import (
     COMPUTE_OP,
     Routes,
@@ -62,17 +54,14 @@ from otel_graph.cluster.propagation import (
     traceparent_of,
     unseal_env,
 )
-from otel_graph.conventions import observe
+from otel_graph.cluster.scheduler_gauges import PLUGIN_NAME, SCHEDULERS, observe_scheduler
 from otel_graph.naming import OTHER_PREFIXES
 from otel_graph.telemetry.job import graph_fingerprint
 
 logger = logging.getLogger("otel_graph")
 
-PLUGIN_NAME = "otel-graph"
 TOPIC = "otel-graph"
 
-_SCHEDULERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # scheduler -> our plugin on it
-_GAUGED: weakref.WeakSet = weakref.WeakSet()  # meter providers that already have the gauges
 #: scheduler -> {address: WorkerState} of the workers that said they read task contexts,
 #: on the connection that WorkerState stands for (a reconnect makes a new one). Per
 #: scheduler, not per plugin: a worker says so once, and a plugin registered anew (the
@@ -85,66 +74,6 @@ _MAX_OWNERS = 4096
 #: Rows of lost telemetry one worker-lost event carries at most; past it, a compute's
 #: prefixes are summed into one OTHER_PREFIXES row.
 _MAX_LOST_ROWS = 2000
-
-
-def _each_scheduler() -> list[Any]:
-    # distributed's unregister does not call close(): a scheduler counts while our plugin is on it.
-    return [s for s, plugin in list(_SCHEDULERS.items()) if s.plugins.get(PLUGIN_NAME) is plugin]
-
-
-def _tasks(options: CallbackOptions) -> list[Observation]:
-    points = []
-    for scheduler in _each_scheduler():
-        try:
-            address = str(scheduler.address)
-            for state, count in adapter.task_states(scheduler).items():
-                points.append(Observation(count, {"dask.task.state": state, "dask.scheduler.address": address}))
-        except Exception:  # read from the exporter's thread while the loop mutates: skip this one
-            continue
-    return points
-
-
-def _workers(options: CallbackOptions) -> list[Observation]:
-    return [Observation(adapter.worker_count(s), {"dask.scheduler.address": str(s.address)})
-            for s in _each_scheduler()]
-
-
-def _memory(options: CallbackOptions) -> list[Observation]:
-    points = []
-    for scheduler in _each_scheduler():
-        try:
-            for memory in adapter.worker_memory(scheduler):
-                base = {"dask.worker.id": memory.address, "dask.worker.name": memory.name}
-                for state in ("managed", "unmanaged", "spilled"):
-                    points.append(Observation(getattr(memory, state), {**base, "dask.memory.state": state}))
-        except Exception:
-            continue
-    return points
-
-
-def _limits(options: CallbackOptions) -> list[Observation]:
-    points = []
-    for scheduler in _each_scheduler():
-        try:
-            for memory in adapter.worker_memory(scheduler):
-                if memory.limit:
-                    points.append(Observation(memory.limit, {"dask.worker.id": memory.address,
-                                                             "dask.worker.name": memory.name}))
-        except Exception:
-            continue
-    return points
-
-
-def observe_scheduler(meter_provider: Any, meter: Any) -> None:
-    """Create the gauges once per meter provider; they report every live scheduler in the process."""
-    if meter_provider in _GAUGED:
-        return
-    _GAUGED.add(meter_provider)
-    observe(meter, "dask.scheduler.tasks", [_tasks])
-    observe(meter, "dask.scheduler.workers", [_workers])
-    observe(meter, "dask.worker.memory.usage", [_memory])
-    observe(meter, "dask.worker.memory.limit", [_limits])
-    fine_metrics.observe(meter, _each_scheduler)
 
 
 class SchedulerTelemetryPlugin(SchedulerPlugin):
@@ -161,6 +90,7 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
         self.clients: set[str] = set()
         self._ledger = ledger.Ledger()
         self._runs = ledger.MetricLedger()
+        self._totals = compute_totals.ComputeTotals()
         #: The telemetry session each worker reports from.
         self._sessions: dict[str, int] = {}
         self._owners: OrderedDict[str, str] = OrderedDict()  # traceparent -> the client that submitted it
@@ -196,7 +126,7 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
 
         providers = live_providers()
         if providers is None:
-            if scheduler in _SCHEDULERS:
+            if scheduler in SCHEDULERS:
                 return  # its own SDK is made once
             settings = load_settings()
             if settings.sdk_disabled:
@@ -205,12 +135,12 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
             ensure_exit_hook()
         meter = providers.meter_provider.get_meter(SCOPE.name, SCOPE.version)
         observe_scheduler(providers.meter_provider, meter)
-        _SCHEDULERS[scheduler] = self
+        SCHEDULERS[scheduler] = self
 
     async def close(self) -> None:
         scheduler = getattr(self, "_scheduler", None)
         if scheduler is not None:
-            _SCHEDULERS.pop(scheduler, None)
+            SCHEDULERS.pop(scheduler, None)
 
     def update_graph(self, scheduler: Any, *, client: str = "", keys: Any = (), tasks: Any = (),
                      **kwargs: Any) -> None:
@@ -220,7 +150,7 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
             logger.debug("otel_graph: could not read a graph update", exc_info=True)
             return
         traceparent = traceparent_of(note)
-        if traceparent is not None:
+        if note is not None and traceparent is not None:
             self._owners[traceparent] = str(client)
             self._owners.move_to_end(traceparent)
             while len(self._owners) > _MAX_OWNERS:
@@ -228,6 +158,13 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
             adapter.publish(scheduler, TOPIC, {"op": "graph", "traceparent": traceparent,
                                                "tasks": len(tasks), "client": str(client),
                                                "fingerprint": _fingerprint(scheduler, tasks)})
+            try:
+                totals = self._totals.expect(note, str(client), adapter.unsettled(scheduler, keys))
+            except Exception:  # a changed internal: the compute's totals stay unknown
+                logger.debug("otel_graph: could not read a graph update's outputs", exc_info=True)
+                return
+            if totals is not None:
+                self._send(scheduler, totals)
 
     def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
         if finish == "processing":
@@ -237,29 +174,47 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
                 except Exception:  # a changed internal costs the trace, never the scheduler
                     logger.debug("otel_graph: could not hand a task's context over", exc_info=True)
             return
+        if start == "processing" and (finish == "memory" or finish == "erred"):
+            self._finished(key, finish == "erred", kwargs)
+        if key in self._totals.awaited and (finish == "memory" or finish == "erred" or finish == "forgotten"):
+            for totals in self._totals.settled(key):
+                self._send(self._scheduler, totals)
         if finish == "forgotten":
             self.routes.forget(key)
-            return
-        if start != "processing" or (finish != "memory" and finish != "erred"):
-            return
-        worker = kwargs.get("worker")
-        if worker is None or self._scheduler is None or not self._ledger.keeps(worker):
+
+    def _finished(self, key: Any, failed: bool, details: dict) -> None:
+        """A run ended: its compute's totals, and the ledgers of a worker that keeps accounts."""
+        scheduler = self._scheduler
+        if scheduler is None:
             return
         try:
+            note = self.routes.notes.get(key)
+            if note is not None:
+                self._totals.ran(note, failed=failed, nbytes=-1 if failed else adapter.result_nbytes(scheduler, key))
+            worker = details.get("worker")
+            if worker is None or not self._ledger.keeps(worker):
+                return
             # Only a worker the notes go to has spans of the run to deliver (or lose).
             note = self.routes.counted(worker, key)
-            run = adapter.finished_run(self._scheduler, key, kwargs, note=note)
+            run = adapter.finished_run(scheduler, key, details, note=note)
             if run is None:
                 return
-            failed = finish == "erred"
             self._runs.finished(worker, run.prefix, failed=failed, duration_s=run.stop_s - run.start_s)
             traceparent = traceparent_of(run.note)
             # Unsampled computes get no spans anywhere, so nothing of them can be lost.
             if traceparent is not None and int(traceparent[-2:], 16) & 1:
                 self._ledger.finished(worker, traceparent, run.prefix, start_s=run.start_s, stop_s=run.stop_s,
                                       failed=failed)
-        except Exception:  # a changed internal costs the ledger, never the scheduler
+        except Exception:  # a changed internal costs the tallies, never the scheduler
             return
+
+    def _send(self, scheduler: Any, totals: compute_totals.Totals) -> None:
+        """A compute's totals, to the client that submitted it (:mod:`.compute_totals`)."""
+        if scheduler is None:
+            return
+        adapter.publish(scheduler, TOPIC, {"op": "totals", "traceparent": traceparent_of(totals.note),
+                                           "client": totals.client, "failed_tasks": totals.failed,
+                                           "output_bytes": totals.nbytes}, to=totals.client)
 
     def log_event(self, topic: str, msg: Any) -> None:
         if topic == "stealing":
@@ -309,6 +264,7 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
     def remove_client(self, scheduler: Any, client: str) -> None:
         self.clients.discard(client)
         self.routes.client_gone(client)
+        self._totals.client_gone(client)
 
     def remove_worker(self, scheduler: Any, worker: str, *, stimulus_id: str = "", **kwargs: Any) -> None:
         # A retiring worker delivers its own on its way out, after the scheduler let it go
@@ -432,7 +388,7 @@ async def leave_cluster(dask_scheduler: Any = None, client_id: str = "") -> bool
     if plugin.clients or getattr(plugin, "preloaded", False):
         return False
     dask_scheduler.remove_plugin(name=PLUGIN_NAME)
-    _SCHEDULERS.pop(dask_scheduler, None)  # remove_plugin does not call close()
+    SCHEDULERS.pop(dask_scheduler, None)  # remove_plugin does not call close()
     if PLUGIN_NAME in dask_scheduler.worker_plugins:
         await dask_scheduler.unregister_worker_plugin(comm=None, name=PLUGIN_NAME)
     return True

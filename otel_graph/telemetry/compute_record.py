@@ -66,7 +66,8 @@ class ComputeRecord:
         self.job = ""
         #: Its ``dask.graph.fingerprint``, once known (dask.distributed: the scheduler's, when it says).
         self.fingerprint: str | None = None
-        #: Of the task records drained a slice at a time: those that failed, and their results' bytes.
+        #: Of the task records drained a slice at a time: those that failed, and their results' bytes
+        #: (dask.distributed: the scheduler's count, -1 until it says).
         self.failed_tasks = 0
         self.output_bytes = 0
         #: Span ids given to tasks that had spans started inside them (otel_graph.telemetry.task_context).

@@ -408,9 +408,9 @@ def compute_of(record: ComputeRecord, end_ns: int, failed: bool, runs: list[Run]
     """The compute's point in the compute histograms; ``runs``: its task runs not yet counted in
     its totals (a compute drained whole)."""
     seconds = (end_ns - record.start_ns) / 1e9
-    if record.scheduler == "distributed":  # its tasks ran, and were counted, on the workers
+    if record.scheduler == "distributed":  # its tasks ran on the workers: the scheduler counted them
         return (record.scheduler, failed, seconds, record.job,
-                -1 if record.graph_tasks is None else record.graph_tasks, -1, -1)
+                -1 if record.graph_tasks is None else record.graph_tasks, record.failed_tasks, record.output_bytes)
     failed_tasks, nbytes = run_totals(runs) if runs else (0, 0)
     return (record.scheduler, failed, seconds, record.job, record.seen, record.failed_tasks + failed_tasks,
             record.output_bytes + nbytes)

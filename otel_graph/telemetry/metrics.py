@@ -13,9 +13,9 @@ name                       unit       attributes
 ``dask.compute.tasks``     ``{task}`` the same: tasks a compute ran (dask.distributed:
                                       tasks in the graph it submitted)
 ``dask.compute.failed_tasks`` ``{task}`` the same: tasks of a compute that failed
-                                      (local schedulers)
+                                      (dask.distributed: counted by the scheduler)
 ``dask.compute.output.size`` ``By``   the same: its results' ``dask.sizeof`` total
-                                      (local schedulers)
+                                      (dask.distributed: as its workers measured them)
 ``dask.memory.tasks``      ``{task}`` ``dask.scheduler``: results held right now (the
                                       CacheProfiler view)
 ``dask.memory.usage``      ``By``     ``dask.scheduler``: their ``dask.sizeof`` total
@@ -72,7 +72,7 @@ _OVERFLOW = ("otel.metric.overflow", True)
 #: scheduler; failed; duration in ns; result bytes, or -1 unknown).
 Run = tuple[str | None, str, bool, int, int]
 #: A compute as recorded: (scheduler, failed, seconds, job name, tasks, failed tasks, result
-#: bytes), the last three -1 where unknown (a dask.distributed compute's tasks ran elsewhere).
+#: bytes), the last three -1 where unknown (a dask.distributed compute the scheduler did not count).
 Compute = tuple[str, bool, float, str, int, int, int]
 #: Records values under one attribute set: a pre-aggregated histogram's, or an SDK instrument's.
 Record = Callable[[tuple[tuple[str, str], ...], Sequence[float]], None]

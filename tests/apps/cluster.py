@@ -7,7 +7,7 @@ Configured the user's way, through OTEL_* variables, plus arguments:
 ``--attach``             pass the client: instrument_scheduler(client=client)
 ``--scheduler ADDR``     connect to a running scheduler instead of a LocalCluster
 ``--workload NAME``      sum (default), fail, transfer, spill, persist, kill, many,
-                         retry, map, nested, slow, pause, stall
+                         retry, map, nested, slow, pause, stall, jobs
 ``--memory-limit TEXT``  per-worker memory limit (for spill)
 ``--parent``             run the compute inside a span of the app's own
 ``--flush``              call handle.flush() before closing the client, print FLUSHED
@@ -32,7 +32,7 @@ import sys
 
 import dask
 import numpy as np
-from distributed import Client, LocalCluster, wait
+from distributed import Client, LocalCluster, futures_of, wait
 
 
 def inc(x: int) -> int:
@@ -81,7 +81,40 @@ def total(*blocks: np.ndarray) -> int:
     return int(sum(int(b.sum()) for b in blocks))
 
 
+def inc_unless(x: int, bad: int) -> int:
+    return boom(x) if x == bad else x + 1
+
+
 STALLED: list = []
+
+
+def jobs(client: Client) -> str:
+    """Named computes of every way a compute ends, for their per-job totals."""
+    import dask.array as da
+
+    import otel_graph
+
+    x = da.random.RandomState(0).random((400, 400), chunks=100)
+    with otel_graph.name("sum-job"):
+        client.compute((x + x.T).sum()).result()
+    with otel_graph.name("fail-job"):
+        try:
+            client.get({"inc-0": (inc, 1), "boom-0": (boom, "inc-0")}, "boom-0")
+        except ValueError:
+            pass
+    with otel_graph.name("map-job"):
+        wait(client.map(inc_unless, range(10), bad=3))
+    with Client(client.scheduler.address, set_as_default=False) as other:
+        with otel_graph.name("persist-job"):
+            held = other.persist(x)  # the other client holds them
+            other.gather(futures_of(held))  # wait() would wait on the default client's loop
+        with otel_graph.name("persisted-job"):  # the same keys, all in memory already: nothing runs
+            wait(client.persist(x))
+    with otel_graph.name("cancel-job"):
+        stalled = client.submit(nap, 60, key="nap-cancelled")
+        wait(client.submit(nap, 0.5, key="nap-short"))  # the long one is running by now
+        client.cancel(stalled)
+    return "jobs"
 
 
 def workload(client: Client, name: str, workers: list[str]) -> object:
@@ -132,6 +165,8 @@ def workload(client: Client, name: str, workers: list[str]) -> object:
         # One task that takes far longer than the test looks: work in progress, nothing completing.
         STALLED.append(client.submit(nap, 120, key="nap-stalled"))  # held, so it keeps running
         return "stalled"
+    if name == "jobs":
+        return jobs(client)
     if name == "persist":
         x = dask.delayed(operator.add)(1, 2, dask_key_name="add-1")
         (persisted,) = client.persist([x])

@@ -9,7 +9,7 @@ each listing what it reads:
   put back (:func:`patch_client`, :func:`restore_client`); a future's shared state; the
   scheduler's identity and the stream to it; an asynchronous client's start;
 * :mod:`.scheduler`: task states by prefix, a graph update's dependencies, a finished
-  run's compute times, the streams to workers and their unsent messages, events sent to
+  run's compute times, a task's state and result size, the streams to workers and their unsent messages, events sent to
   subscribed clients without being kept, workers' memory, distributed's fine performance
   metrics;
 * :mod:`.worker`: the run of a task that just finished (:func:`task_run`, once per task,
@@ -50,9 +50,11 @@ from otel_graph.cluster.adapter.scheduler import (
     processing_on,
     publish,
     read_worker_says,
+    result_nbytes,
     stolen,
     task_states,
     unsent,
+    unsettled,
     worker_count,
     worker_memory,
     worker_state,
@@ -82,8 +84,8 @@ __all__ = [
     "scheduler_address", "scheduler_id", "scheduler_stream", "watch_futures",
     # scheduler
     "FinishedRun", "WorkerMemory", "add_stream_handler", "fine_metric_readings", "finished_run", "graph_dependencies",
-    "handles", "is_scheduler", "processing_on", "publish", "read_worker_says", "stolen", "task_states", "unsent",
-    "worker_count", "worker_memory", "worker_state", "worker_stream",
+    "handles", "is_scheduler", "processing_on", "publish", "read_worker_says", "result_nbytes", "stolen",
+    "task_states", "unsent", "unsettled", "worker_count", "worker_memory", "worker_state", "worker_stream",
     # worker
     "WORKER_SAYS", "Phase", "TaskRun", "close_stream", "current_task", "held_keys", "is_closing",
     "run_tasks_within", "say_to_scheduler", "scheduler_connection", "spill_totals", "stream_open", "task_count",

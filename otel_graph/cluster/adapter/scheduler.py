@@ -12,7 +12,8 @@ workers (:mod:`otel_graph.cluster.propagation`) and the fine metrics
   new list at every write.
 * tasks: ``task_prefixes[*].states`` (current counts); ``SchedulerPlugin.transition``'s
   keywords for ``processing -> memory|erred`` (the worker's message: ``worker``,
-  ``startstops``), ``tasks[key].processing_on`` and ``.prefix.name``; a confirmed steal
+  ``startstops``), ``tasks[key].processing_on``, ``.prefix.name``, ``.state`` and
+  ``.nbytes`` (-1 until a result's size is known); a confirmed steal
   is the event ``("confirm", key, state, victim, thief, stimulus_id)`` on the
   ``stealing`` topic, after the task was sent to the thief.
 * events: ``_broker._topics[name]`` (``subscribers``: client ids) and ``send_all``; the
@@ -126,6 +127,29 @@ def graph_dependencies(scheduler: Any, keys: Iterable[Any]) -> dict[Any, list[An
     return found
 
 
+#: A task the scheduler will not compute again for a graph update: its result or error stays.
+_SETTLED = frozenset(("memory", "erred"))
+
+
+def unsettled(scheduler: Any, keys: Iterable[Any]) -> list[Any]:
+    """Of a graph update's output keys, those it has yet to compute: not in memory or erred
+    from before (a ``SchedulerPlugin.update_graph`` is called before the update's transitions)."""
+    tasks = scheduler.tasks
+    found = []
+    for key in keys:
+        ts = tasks.get(key)
+        if ts is not None and ts.state not in _SETTLED:
+            found.append(key)
+    return found
+
+
+def result_nbytes(scheduler: Any, key: Any) -> int:
+    """The bytes of a task's result as its worker measured them (``TaskState.nbytes``); -1 unknown."""
+    ts = scheduler.tasks.get(key)
+    nbytes = getattr(ts, "nbytes", -1)
+    return nbytes if type(nbytes) is int else -1
+
+
 class FinishedRun(NamedTuple):
     """A run the scheduler just accepted as finished (``processing -> memory|erred``)."""
 
@@ -165,21 +189,23 @@ def stolen(msg: Any) -> tuple[Any, str] | None:
 
 
 # -- events and workers ----------------------------------------------------------------------
-def publish(scheduler: Any, topic: str, msg: Any) -> None:
-    """Send ``msg`` to the clients subscribed to ``topic``, as an event of it, without the
-    scheduler keeping it: ``Scheduler.log_event`` would also store it (``get_events()``,
-    the dashboard) and pass it to every scheduler plugin. The message is the one distributed's
-    event broker sends (``{"op": "event", "topic", "event": (time, msg)}``)."""
+def publish(scheduler: Any, topic: str, msg: Any, *, to: str | None = None) -> None:
+    """Send ``msg`` to the clients subscribed to ``topic`` (``to``: to that one only, if it
+    is), as an event of it, without the scheduler keeping it: ``Scheduler.log_event`` would
+    also store it (``get_events()``, the dashboard) and pass it to every scheduler plugin.
+    The message is the one distributed's event broker sends (``{"op": "event", "topic",
+    "event": (time, msg)}``), on the client's stream, in order with the scheduler's reports."""
     topics = getattr(getattr(scheduler, "_broker", None), "_topics", None)
     if not isinstance(topics, dict):
         scheduler.log_event(topic, msg)  # a distributed without the broker: seen, not lost
         return
     found = topics.get(topic)  # .get: the defaultdict must not grow a topic nobody wants
     subscribers = getattr(found, "subscribers", None)
-    if not subscribers:
+    if not subscribers or (to is not None and to not in subscribers):
         return
     event = {"op": "event", "topic": topic, "event": (time.time(), msg)}
-    scheduler.send_all({client: [event] for client in list(subscribers)}, worker_msgs={})
+    scheduler.send_all({client: [event] for client in ([to] if to is not None else list(subscribers))},
+                       worker_msgs={})
 
 
 def worker_state(scheduler: Any, address: str) -> Any:
