@@ -68,7 +68,7 @@ def test_tallies_are_bounded_and_a_gone_clients_are_dropped() -> None:
 # -- a real cluster -----------------------------------------------------------------------------------------------
 pytest.importorskip("distributed")
 run_app = partial(subprocesses.run_app, "cluster.py")
-JOBS = ("sum-job", "fail-job", "map-job", "persist-job", "persisted-job", "cancel-job")
+JOBS = ("sum-job", "fail-job", "map-job", "persist-job", "persisted-job", "held-job", "cancel-job")
 
 
 @pytest.fixture
@@ -135,6 +135,12 @@ def test_each_jobs_failed_tasks_and_output_bytes_are_the_schedulers_count(receiv
     assert total("output.size", "persist-job") == spans_say("persist-job") >= 16 * 80_000  # the 16 chunks kept
     # The same keys again: nothing ran, and the compute says so (0, not unknown).
     assert total("failed_tasks", "persisted-job") == 0 and total("output.size", "persisted-job") == 0
+    # Its results held by the client already, the compute ended before the scheduler took its graph.
+    assert total("duration", "held-job") >= 0
+    assert not {("dask.compute.tasks", "held-job", SUCCESS), ("dask.compute.failed_tasks", "held-job", SUCCESS),
+                ("dask.compute.output.size", "held-job", SUCCESS)} & set(points)
+    (held,) = [s for s in receiver.spans() if s["attributes"].get("dask.compute.name") == "held-job"]
+    assert "dask.graph.tasks" not in held["attributes"] and "dask.graph.fingerprint" not in held["attributes"]
     # A compute the client cancelled ended before the scheduler let go of its task: unknown, not 0.
     assert total("duration", "cancel-job", ERROR) > 0
     assert ("dask.compute.failed_tasks", "cancel-job", ERROR) not in points

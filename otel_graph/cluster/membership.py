@@ -333,23 +333,15 @@ class ClusterMembership:
     def _on_event(self, client_id: str, cluster: str, event: Any) -> None:
         try:
             _, message = event
-            if message.get("op") == "graph" and message.get("client") == client_id:
+            op = message.get("op")
+            if (op == "graph" or op == "totals") and message.get("client") == client_id:
                 record = self._tracker.find_traceparent(message.get("traceparent"))
-                if record is not None:
-                    record.graph_tasks = (record.graph_tasks or 0) + int(message.get("tasks", 0))
-                    fingerprint = message.get("fingerprint")
-                    if type(fingerprint) is str:  # a compute of several updates: its last's
-                        record.fingerprint = fingerprint  # on its span as it ends
-            elif message.get("op") == "totals" and message.get("client") == client_id:
-                record = self._tracker.find_traceparent(message.get("traceparent"))
-                failed, nbytes = message.get("failed_tasks"), message.get("output_bytes")
-                # Sent before the scheduler reports the compute's outputs (:mod:`.compute_totals`), so
-                # it comes while the compute runs; one per graph update. After its end (a compute
-                # the client cancelled) it is too late to be its totals, whether drained or not.
-                if record is not None and record.end_ns is None and type(failed) is int and type(nbytes) is int:
-                    record.failed_tasks = max(record.failed_tasks, 0) + failed
-                    record.output_bytes = max(record.output_bytes, 0) + nbytes
-            elif message.get("op") == "worker-lost":
+                # The scheduler sends both before it reports the compute's outputs, so they come
+                # while the compute runs. After its end (a compute the client cancelled, or one
+                # whose results it held already) they are not the compute's own, drained or not.
+                if record is not None and record.end_ns is None:
+                    (_graph if op == "graph" else _totals)(record, message)
+            elif op == "worker-lost":
                 self._worker_lost(cluster, message, self._recover(client_id, message))
                 if message.get("runs_recorder") == client_id:
                     self._recover_runs(message)
@@ -413,3 +405,19 @@ class ClusterMembership:
                                                  duration_s=float(duration_s))
             except Exception:
                 logger.debug("otel_graph: bad row of lost task metrics", exc_info=True)
+
+
+def _graph(record: Any, message: dict) -> None:
+    """A graph update of the compute: its tasks, and its fingerprint (of several updates, the last's)."""
+    record.graph_tasks = (record.graph_tasks or 0) + int(message.get("tasks", 0))
+    fingerprint = message.get("fingerprint")
+    if type(fingerprint) is str:
+        record.fingerprint = fingerprint  # on its span as it ends
+
+
+def _totals(record: Any, message: dict) -> None:
+    """A graph update's failed tasks and result bytes, counted by the scheduler (:mod:`.compute_totals`)."""
+    failed, nbytes = message.get("failed_tasks"), message.get("output_bytes")
+    if type(failed) is int and type(nbytes) is int:
+        record.failed_tasks = max(record.failed_tasks, 0) + failed
+        record.output_bytes = max(record.output_bytes, 0) + nbytes

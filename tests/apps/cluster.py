@@ -109,6 +109,9 @@ def jobs(client: Client) -> str:
             held = other.persist(x)  # the other client holds them
             other.gather(futures_of(held))  # wait() would wait on the default client's loop
         with otel_graph.name("persisted-job"):  # the same keys, all in memory already: nothing runs
+            mine = client.persist(x)
+            wait(mine)
+        with otel_graph.name("held-job"):  # and again, with this client holding their results
             wait(client.persist(x))
     with otel_graph.name("cancel-job"):
         stalled = client.submit(nap, 60, key="nap-cancelled")
