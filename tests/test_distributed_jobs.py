@@ -55,6 +55,17 @@ def test_a_second_update_of_a_running_compute_joins_its_tally() -> None:
     assert totals.settled("y") == [Totals("n1", "a", 0, 3)]
 
 
+def test_an_output_that_errs_first_sends_what_was_counted_and_the_rest_follows() -> None:
+    totals = ComputeTotals()
+    totals.expect("n1", "a", ["bad", "good"])
+    totals.ran("n1", failed=False, nbytes=10)
+    totals.ran("n1", failed=True, nbytes=-1)
+    # The client's get raises here: its failure is in what it hears.
+    assert totals.settled("bad", erred=True) == [Totals("n1", "a", 1, 10)]
+    totals.ran("n1", failed=False, nbytes=5)
+    assert totals.settled("good") == [Totals("n1", "a", 0, 5)]
+
+
 def test_tallies_are_bounded_and_a_gone_clients_are_dropped() -> None:
     totals = ComputeTotals(max_computes=2)
     for n in range(3):
@@ -68,7 +79,7 @@ def test_tallies_are_bounded_and_a_gone_clients_are_dropped() -> None:
 # -- a real cluster -----------------------------------------------------------------------------------------------
 pytest.importorskip("distributed")
 run_app = partial(subprocesses.run_app, "cluster.py")
-JOBS = ("sum-job", "fail-job", "map-job", "persist-job", "persisted-job", "held-job", "cancel-job")
+JOBS = ("sum-job", "fail-job", "fail-first-job", "map-job", "persist-job", "persisted-job", "held-job", "cancel-job")
 
 
 @pytest.fixture
@@ -129,6 +140,8 @@ def test_each_jobs_failed_tasks_and_output_bytes_are_the_schedulers_count(receiv
     # boom raised on inc-0's result: one failure, inc-0's int the only result.
     assert total("failed_tasks", "fail-job", ERROR) == 1
     assert total("output.size", "fail-job", ERROR) == spans_say("fail-job", ERROR) > 0
+    # Two outputs, one failed at once: get raised then, with the failure counted.
+    assert total("failed_tasks", "fail-first-job", ERROR) == 1
     # One of ten failed; the nine others' ints.
     assert total("failed_tasks", "map-job", ERROR) == 1
     assert total("output.size", "map-job", ERROR) == spans_say("map-job", ERROR) > 0

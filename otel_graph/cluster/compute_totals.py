@@ -15,12 +15,21 @@ cannot count them, and no worker sees all of them; the scheduler does. Each comp
   client cancelled), the tally is done (:meth:`ComputeTotals.settled`) and the plugin
   sends it to the submitting client only. It goes out before the scheduler tells the
   client of that key (the report goes at the end of the scheduler's step, the tally in
-  it, on the same stream), so the client has it when the compute's call returns.
+  it, on the same stream), so the client has it when the compute's call returns. An
+  output that errs before the others settle sends what was counted so far at once,
+  and the rest follows when they do: a ``get`` or ``compute`` raises at its first
+  failed output, and its failure must be in what its client heard.
+* outputs in memory or erred already when the update comes settle at once: the tally
+  (zeros) goes out in the same scheduler step as the reports of those outputs, just
+  after them (distributed reports them before its plugins hear of the update). The
+  client handles one step's messages in one go, before anything waiting on its futures
+  runs, so it still has the tally in time.
 
 A task that several computes share counts for the one whose graph brought it (the note
 it was given); a run done again (its worker lost) counts again, as it ran again; a task
 that fails and is retried (``retries=``) is no failure. A compute of several graph
-updates gets one tally per update, which its client adds up. Tallies are bounded: past
+updates gets one tally per update, which its client adds up, as it adds the parts an
+erred output sends. Tallies are bounded: past
 :data:`MAX_COMPUTES` open at once the oldest is dropped, and its compute reports its
 totals as unknown, never as zero.
 """
@@ -45,6 +54,8 @@ class Totals(NamedTuple):
 
 
 class _Tally:
+    """One compute's counts since it last sent them, and the output keys it waits for."""
+
     __slots__ = ("client", "keys", "waiting", "failed", "nbytes")
 
     def __init__(self, client: str) -> None:
@@ -98,9 +109,12 @@ class ComputeTotals:
         elif nbytes > 0:
             tally.nbytes += nbytes
 
-    def settled(self, key: Any) -> list[Totals]:
-        """An output key is in memory, erred or forgotten: the totals of the computes it ends."""
-        ended = []
+    def settled(self, key: Any, *, erred: bool = False) -> list[Totals]:
+        """An output key is in memory, erred or forgotten: what to send of the computes waiting
+        for it. Their totals, for those it ends; for those it does not end but ``erred``,
+        what they counted so far, their tallies going on from zero (a call that returns
+        results raises at its first failed output, before the others settle)."""
+        sent = []
         for note in self.awaited.pop(key, ()):
             tally = self._tallies.get(note)
             if tally is None:
@@ -108,10 +122,14 @@ class ComputeTotals:
             tally.waiting -= 1
             if tally.waiting <= 0:
                 del self._tallies[note]
-                ended.append(tally.totals(note))
-        return ended
+                sent.append(tally.totals(note))
+            elif erred:
+                sent.append(tally.totals(note))
+                tally.failed = tally.nbytes = 0
+        return sent
 
     def client_gone(self, client: str) -> None:
+        """The client left the scheduler: nobody is there to send its computes' totals to."""
         for note, tally in list(self._tallies.items()):
             if tally.client == client:
                 del self._tallies[note]

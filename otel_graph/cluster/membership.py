@@ -35,6 +35,7 @@ from otel_graph.cluster import adapter
 from otel_graph.cluster.propagation import COMPUTE_OP, parent_span
 from otel_graph.cluster.scheduler import TOPIC, SchedulerTelemetryPlugin, contexts_read, join_cluster, leave_cluster
 from otel_graph.cluster.worker import PLUGIN_NAME, WorkerTelemetryPlugin, flush_worker
+from otel_graph.telemetry.compute_record import ComputeRecord
 
 logger = logging.getLogger("otel_graph")
 
@@ -336,9 +337,11 @@ class ClusterMembership:
             op = message.get("op")
             if (op == "graph" or op == "totals") and message.get("client") == client_id:
                 record = self._tracker.find_traceparent(message.get("traceparent"))
-                # The scheduler sends both before it reports the compute's outputs, so they come
-                # while the compute runs. After its end (a compute the client cancelled, or one
-                # whose results it held already) they are not the compute's own, drained or not.
+                # The scheduler sends both before it reports the compute's outputs, or in the same
+                # step as the reports of outputs it had already, which this loop handles in one
+                # go before a future's waiter runs: they come while the compute runs. After its
+                # end (a compute the client cancelled, or whose futures it held already or
+                # dropped at once) they are not the compute's own, drained or not.
                 if record is not None and record.end_ns is None:
                     (_graph if op == "graph" else _totals)(record, message)
             elif op == "worker-lost":
@@ -407,7 +410,7 @@ class ClusterMembership:
                 logger.debug("otel_graph: bad row of lost task metrics", exc_info=True)
 
 
-def _graph(record: Any, message: dict) -> None:
+def _graph(record: ComputeRecord, message: dict[str, Any]) -> None:
     """A graph update of the compute: its tasks, and its fingerprint (of several updates, the last's)."""
     record.graph_tasks = (record.graph_tasks or 0) + int(message.get("tasks", 0))
     fingerprint = message.get("fingerprint")
@@ -415,7 +418,7 @@ def _graph(record: Any, message: dict) -> None:
         record.fingerprint = fingerprint  # on its span as it ends
 
 
-def _totals(record: Any, message: dict) -> None:
+def _totals(record: ComputeRecord, message: dict[str, Any]) -> None:
     """A graph update's failed tasks and result bytes, counted by the scheduler (:mod:`.compute_totals`)."""
     failed, nbytes = message.get("failed_tasks"), message.get("output_bytes")
     if type(failed) is int and type(nbytes) is int:

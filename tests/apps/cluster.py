@@ -102,6 +102,11 @@ def jobs(client: Client) -> str:
             client.get({"inc-0": (inc, 1), "boom-0": (boom, "inc-0")}, "boom-0")
         except ValueError:
             pass
+    with otel_graph.name("fail-first-job"):  # get raises at the failed output, the other still running
+        try:
+            client.get({"inc-1": (inc, 1), "boom-1": (boom, "inc-1"), "nap-1": (nap, 1.0)}, ["nap-1", "boom-1"])
+        except ValueError:
+            pass
     with otel_graph.name("map-job"):
         wait(client.map(inc_unless, range(10), bad=3))
     with Client(client.scheduler.address, set_as_default=False) as other:

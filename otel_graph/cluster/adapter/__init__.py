@@ -9,9 +9,9 @@ each listing what it reads:
   put back (:func:`patch_client`, :func:`restore_client`); a future's shared state; the
   scheduler's identity and the stream to it; an asynchronous client's start;
 * :mod:`.scheduler`: task states by prefix, a graph update's dependencies, a finished
-  run's compute times, a task's state and result size, the streams to workers and their unsent messages, events sent to
-  subscribed clients without being kept, workers' memory, distributed's fine performance
-  metrics;
+  run's compute times, a task's state and result size, the streams to workers and their
+  unsent messages, events sent to subscribed clients without being kept, workers'
+  memory, distributed's fine performance metrics;
 * :mod:`.worker`: the run of a task that just finished (:func:`task_run`, once per task,
   timestamps put back on the worker's clock), transfers and spilling, the task running on
   a thread, the worker's stream to the scheduler and what otel_graph says on it, and the
