@@ -71,9 +71,10 @@ class History:
         self._ends: dict[str, int | None] = {}
 
     @contextmanager
-    def process(self, service: str, *, name: str, lives: bool) -> Iterator[Process]:
-        """A process of ``service`` running job ``name``; it lives to the timeline's end or not."""
-        process = Process(self, service, name)
+    def process(self, service: str, *, name: str, lives: bool, scheduler: str = "sync") -> Iterator[Process]:
+        """A process of ``service`` running job ``name`` on ``scheduler`` (``apps/jobs.py``'s); it
+        lives to the timeline's end or not."""
+        process = Process(self, service, name, scheduler)
         try:
             yield process
         except BaseException:
@@ -130,12 +131,12 @@ class History:
 class Process:
     """One ``apps/jobs.py --serve`` process; :meth:`run` runs the job and notes its metrics."""
 
-    def __init__(self, history: History, service: str, name: str) -> None:
+    def __init__(self, history: History, service: str, name: str, scheduler: str) -> None:
         self._history = history
         self._service = service
         self.instances: set[str] = set()
         self.last_run = 0
-        self._proc = subprocess.Popen([sys.executable, str(APP), "--serve", "--name", name],
+        self._proc = subprocess.Popen([sys.executable, str(APP), "--serve", "--name", name, "--scheduler", scheduler],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True, env=otlp_env(history._receiver.grpc_endpoint, "grpc",
                                                               service=service, OTEL_TRACES_EXPORTER="none"))

@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.skipif(PROMETHEUS is None or PROMTOOL is None,
               pytest.mark.slow, pytest.mark.timeout(900)]  # a week of real runs, backfilled
 
 DAY = 86400
-#: A healthy run: 16 tasks of 50 ms (sync), 16 chunks of 100 x 100.
+#: A healthy run: 16 tasks of 50 ms (sync, or a cluster's), 16 chunks of 100 x 100.
 USUAL: dict[str, Any] = {"task_ms": 50, "size": 400, "chunk": 100}
 JITTER_MS = (40, 50, 60)
 #: The last run of each service, and the alerts it must set off.
@@ -37,18 +37,23 @@ LAST_RUNS: dict[str, tuple[dict[str, Any] | None, set[str]]] = {
     "etl-failing": ({**USUAL, "fail": True}, {"dask-job-failing"}),
     "etl-less": ({**USUAL, "size": 200}, {"dask-job-volume"}),  # 4 chunks: a quarter of the tasks and bytes
     "etl-more-bytes": ({**USUAL, "size": 800, "chunk": 200}, {"dask-job-volume"}),  # 16 chunks, 4 times the bytes
+    # The same on a LocalCluster: its bytes counted by the scheduler, its tasks the same.
+    "etl-cluster-more-bytes": ({**USUAL, "size": 800, "chunk": 200}, {"dask-job-volume"}),
 }
+#: Services whose job runs on dask.distributed (a LocalCluster of the job's process).
+ON_CLUSTER = {"etl-cluster-more-bytes"}
 JOB_RULES = {"dask-job-slower", "dask-job-failing", "dask-job-volume", "dask-job-missing"}
 
 
 def _week(history: History, service: str, *, last: dict[str, Any] | None) -> None:
     """Six days of one healthy run a day in a long-lived process, then ``last`` 10 minutes ago,
     in a process of its own (a restarted service, say)."""
-    with history.process(service, name="nightly", lives=True) as process:
+    scheduler = "cluster" if service in ON_CLUSTER else "sync"
+    with history.process(service, name="nightly", lives=True, scheduler=scheduler) as process:
         for day in range(6, 0, -1):  # a day's run takes 20% less or more than another's
             process.run(at=history.now - day * DAY, seed=day, **{**USUAL, "task_ms": JITTER_MS[day % 3]})
     if last is not None:
-        with history.process(service, name="nightly", lives=False) as process:
+        with history.process(service, name="nightly", lives=False, scheduler=scheduler) as process:
             process.run(at=history.now - 600, seed=7, **last)
 
 
