@@ -66,6 +66,16 @@ def test_an_output_that_errs_first_sends_what_was_counted_and_the_rest_follows()
     assert totals.settled("good") == [Totals("n1", "a", 0, 5)]
 
 
+def test_only_the_first_failed_output_sends_a_part() -> None:
+    totals = ComputeTotals()
+    totals.expect("n1", "a", ["bad-1", "bad-2", "last"])
+    totals.ran("n1", failed=True, nbytes=-1)
+    assert totals.settled("bad-1", erred=True) == [Totals("n1", "a", 1, 0)]
+    totals.ran("n1", failed=True, nbytes=-1)
+    assert totals.settled("bad-2", erred=True) == []  # a thousand failed chunks: one part, not a thousand
+    assert totals.settled("last", erred=True) == [Totals("n1", "a", 1, 0)]
+
+
 def test_tallies_are_bounded_and_a_gone_clients_are_dropped() -> None:
     totals = ComputeTotals(max_computes=2)
     for n in range(3):
@@ -155,7 +165,7 @@ def test_each_jobs_failed_tasks_and_output_bytes_are_the_schedulers_count(receiv
     (held,) = [s for s in receiver.spans() if s["attributes"].get("dask.compute.name") == "held-job"]
     assert "dask.graph.tasks" not in held["attributes"] and "dask.graph.fingerprint" not in held["attributes"]
     # A compute the client cancelled ended before the scheduler let go of its task: unknown, not 0.
-    assert total("duration", "cancel-job", ERROR) > 0
+    assert total("duration", "cancel-job", ERROR) > 0 and total("tasks", "cancel-job", ERROR) == 1
     assert ("dask.compute.failed_tasks", "cancel-job", ERROR) not in points
     assert ("dask.compute.output.size", "cancel-job", ERROR) not in points
     assert total("output.size", "cancel-job") == spans_say("cancel-job") > 0  # the short nap that ran

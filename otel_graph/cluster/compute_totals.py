@@ -15,10 +15,10 @@ cannot count them, and no worker sees all of them; the scheduler does. Each comp
   client cancelled), the tally is done (:meth:`ComputeTotals.settled`) and the plugin
   sends it to the submitting client only. It goes out before the scheduler tells the
   client of that key (the report goes at the end of the scheduler's step, the tally in
-  it, on the same stream), so the client has it when the compute's call returns. An
-  output that errs before the others settle sends what was counted so far at once,
-  and the rest follows when they do: a ``get`` or ``compute`` raises at its first
-  failed output, and its failure must be in what its client heard.
+  it, on the same stream), so the client has it when the compute's call returns. The
+  first output that errs before the others settle sends what was counted so far at
+  once, and the rest follows when they do: ``dask.compute`` or a ``get`` raises at its
+  first failed output, and its failure must be in what its client heard.
 * outputs in memory or erred already when the update comes settle at once: the tally
   (zeros) goes out in the same scheduler step as the reports of those outputs, just
   after them (distributed reports them before its plugins hear of the update). The
@@ -31,7 +31,9 @@ that fails and is retried (``retries=``) is no failure. A compute of several gra
 updates gets one tally per update, which its client adds up, as it adds the parts an
 erred output sends. Tallies are bounded: past
 :data:`MAX_COMPUTES` open at once the oldest is dropped, and its compute reports its
-totals as unknown, never as zero.
+totals as unknown, never as zero (unless it sent a part at a failed output already:
+then what it reports is that part). An output that had failed already when the update
+came makes a ``get`` raise at once, before any tally: its totals are unknown.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ MAX_COMPUTES = 4096
 
 
 class Totals(NamedTuple):
-    """A compute's totals, to send to the client that submitted it."""
+    """A compute's totals (or, at its first failed output, the part counted so far), to send
+    to the client that submitted it, which adds them up."""
 
     note: str
     client: str
@@ -56,12 +59,13 @@ class Totals(NamedTuple):
 class _Tally:
     """One compute's counts since it last sent them, and the output keys it waits for."""
 
-    __slots__ = ("client", "keys", "waiting", "failed", "nbytes")
+    __slots__ = ("client", "keys", "waiting", "failed", "nbytes", "sent_part")
 
     def __init__(self, client: str) -> None:
         self.client = client
         self.keys: list[Any] = []  # the output keys it waits for
         self.waiting = 0  # of those, yet to settle
+        self.sent_part = False  # at its first failed output
         self.failed = 0
         self.nbytes = 0
 
@@ -111,9 +115,9 @@ class ComputeTotals:
 
     def settled(self, key: Any, *, erred: bool = False) -> list[Totals]:
         """An output key is in memory, erred or forgotten: what to send of the computes waiting
-        for it. Their totals, for those it ends; for those it does not end but ``erred``,
-        what they counted so far, their tallies going on from zero (a call that returns
-        results raises at its first failed output, before the others settle)."""
+        for it. Their totals, for those it ends; for those it does not end but ``erred`` (their
+        first failed output), what they counted so far, their tallies going on from zero (a
+        call that returns results raises at its first failed output, before the others settle)."""
         sent = []
         for note in self.awaited.pop(key, ()):
             tally = self._tallies.get(note)
@@ -123,7 +127,8 @@ class ComputeTotals:
             if tally.waiting <= 0:
                 del self._tallies[note]
                 sent.append(tally.totals(note))
-            elif erred:
+            elif erred and not tally.sent_part:  # once: its other failed outputs' counts follow at the end
+                tally.sent_part = True
                 sent.append(tally.totals(note))
                 tally.failed = tally.nbytes = 0
         return sent

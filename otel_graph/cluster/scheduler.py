@@ -11,8 +11,9 @@ runs per task. :class:`SchedulerTelemetryPlugin` does these things:
   and one message per worker and scheduler step).
 * **Per graph update**, one event to subscribed clients with the number of tasks the
   update brought, for the compute span's ``dask.graph.tasks``, and its
-  ``dask.graph.fingerprint``; **per compute**, once its outputs settle, one event to the
-  client that submitted it with its failed tasks and result bytes (:mod:`.compute_totals`).
+  ``dask.graph.fingerprint``; **per compute**, once its outputs settle (and at its first
+  failed output), one event to the client that submitted it with its failed tasks and
+  result bytes (:mod:`.compute_totals`).
 * **Per worker removed**, one event, so that open compute spans can say which worker
   was lost mid-graph, carrying what the worker took with it: tasks that ran there whose
   telemetry it never delivered (:mod:`.ledger`). That takes the one per-task step here,
