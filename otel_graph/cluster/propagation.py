@@ -216,13 +216,13 @@ class Routes:
         else:
             self.unready += 1
 
-    def counted(self, address: str, key: Any) -> str | None:
-        """The note of a run that finished on ``address``, if the worker had it (or will):
-        only such a run has spans to deliver, or to lose."""
-        if address in self.ready:
-            return self.notes.get(key)
+    def counted(self, address: str, key: Any, note: str | None) -> str | None:
+        """``note``, the note of a run of ``key`` that finished on ``address`` (``notes[key]``),
+        if the worker had it (or will): only such a run has spans to deliver, or to lose."""
+        if note is None or address in self.ready:
+            return note
         waiting = self._waiting.get(address)
-        return self.notes.get(key) if waiting is not None and key in waiting[1] else None
+        return note if waiting is not None and key in waiting[1] else None
 
     def heard(self, scheduler: Any, address: str) -> None:
         """The worker said it reads TASKS_OP: hand it the notes of the tasks sent there

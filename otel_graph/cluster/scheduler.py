@@ -197,8 +197,7 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
             if worker is None or not self._ledger.keeps(worker):
                 return
             # Only a worker the notes go to has spans of the run to deliver (or lose).
-            note = self.routes.counted(worker, key)
-            run = adapter.finished_run(scheduler, key, details, note=note)
+            run = adapter.finished_run(scheduler, key, details, note=self.routes.counted(worker, key, note))
             if run is None:
                 return
             self._runs.finished(worker, run.prefix, failed=failed, duration_s=run.stop_s - run.start_s)
