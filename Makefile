@@ -49,7 +49,8 @@ PYTEST := -m pytest -n $(TEST_WORKERS) --dist loadgroup
 # The versions a run names before it starts, so that its log says what it tested.
 SHOWN := dask|distributed|opentelemetry-sdk|opentelemetry-exporter-otlp-proto-grpc|grpcio|protobuf|cloudpickle|psutil
 
-.PHONY: lint docs screenshot test test-fast test-latest test-oldest peer-test demo venv lock bench clean
+.PHONY: lint docs screenshot test test-fast test-latest test-oldest peer-test demo venv lock bench bench-ab \
+	bench-faults bench-nvtx bench-suite clean
 
 $(UV):
 	$(PYTHON) -m venv $(UV_HOME)
@@ -144,21 +145,34 @@ peer-test: | $(UV)
 lock: | $(UV)
 	$(UV) lock --upgrade --python $(PYTHON)
 
-# Each benchmark prints its own figures; then one table of every ratio with its bar.
-BENCH_ROWS := benchmarks/results/rows
+# The overhead table (docs/performance.md): every ratio with its 95% interval and verdict,
+# each workload's arms interleaved on one core (benchmarks/rig.py). Also written as
+# benchmarks/out/bench.json. BENCH_ARGS: e.g. --only tiny, --scale 2.
+BENCH_ARGS ?=
 bench: $(STAMP)
-	mkdir -p $(BENCH_ROWS)
-	$(VENV)/bin/python benchmarks/run.py --json $(BENCH_ROWS)/run.json
-	$(VENV)/bin/python benchmarks/bench_tiny.py --dask-suite --json $(BENCH_ROWS)/tiny.json
-	$(VENV)/bin/python benchmarks/bench_distributed.py --json $(BENCH_ROWS)/distributed.json
-	$(VENV)/bin/python benchmarks/bench_faults.py --json $(BENCH_ROWS)/faults.json
-	$(VENV)/bin/python benchmarks/bench_nvtx.py --json $(BENCH_ROWS)/nvtx.json
-	@echo
-	@$(VENV)/bin/python benchmarks/table.py $(BENCH_ROWS)/run.json $(BENCH_ROWS)/tiny.json \
-		$(BENCH_ROWS)/distributed.json $(BENCH_ROWS)/faults.json $(BENCH_ROWS)/nvtx.json
+	$(VENV)/bin/python benchmarks/bench.py $(BENCH_ARGS)
+
+# This tree against another revision, interleaved in one run: new/old per row, with intervals.
+#   make bench-ab OLD=<git rev> [ROWS=sync-100k,threads-2k]
+# The other revision gets a worktree and a venv of its own, from its own lock, in
+# benchmarks/out/trees/. Also written as benchmarks/out/ab.json.
+bench-ab: $(STAMP) | $(UV)
+	@test -n "$(OLD)" || { echo "usage: make bench-ab OLD=<git rev> [ROWS=a,b]"; exit 2; }
+	$(VENV)/bin/python benchmarks/ab.py --old "$(OLD)" --uv $(UV) --python $(PYTHON) $(if $(ROWS),--rows $(ROWS)) \
+		$(BENCH_ARGS)
+
+# The benchmarks that run each way in processes of their own, each with a table of its own:
+# a faulty collector (compute and exit times), NVTX ranges, and dask's own test suite.
+bench-faults: $(STAMP)
+	$(VENV)/bin/python benchmarks/bench_faults.py
+bench-nvtx: $(STAMP)
+	$(VENV)/bin/python benchmarks/bench_nvtx.py
+bench-suite: $(STAMP)
+	$(VENV)/bin/python benchmarks/bench_suite.py
 
 demo: $(STAMP)
 	$(VENV)/bin/otel-graph demo
 
 clean:
-	rm -rf $(VENV) $(LATEST_VENV) $(OLDEST_VENV) $(OLDEST_LOCAL_VENV) $(PEER_VENV) .tools .pytest_cache .mypy_cache .ruff_cache otel-graph-out docs/_build
+	rm -rf $(VENV) $(LATEST_VENV) $(OLDEST_VENV) $(OLDEST_LOCAL_VENV) $(PEER_VENV) .tools .pytest_cache .mypy_cache .ruff_cache otel-graph-out docs/_build benchmarks/out
+	git worktree prune

@@ -20,7 +20,7 @@ do over stdin), so its decoding does not share the app's GIL. Scenarios:
 * ``back-late``: the collector is down for the whole timed compute and comes back only as
   it returns, so what was queued can only go out during the exit hook's window.
 
-Workloads, as in ``benchmarks/run.py``: ``sync-100k`` (``--tasks`` no-op tasks on the sync
+Workloads, as in ``make bench`` (:mod:`workloads`): ``sync-100k`` (``--tasks`` no-op tasks on the sync
 scheduler) and ``threads-2k`` (2,000 tasks sleeping 1 ms, threads scheduler, 4 workers).
 
 Per run it records the compute's wall time (``perf_counter`` inside the child) and the
@@ -35,16 +35,17 @@ counters; the receiver says what it stored.
 
 Each round runs every scenario once per workload, back to back, so drift on a noisy
 machine falls on all of them alike. Figures are medians over ``--repeat`` rounds; a ratio
-is the median over rounds of a run's time over the ``plain`` run's of the same round, as
-``benchmarks/run.py`` takes it (the ratio of the medians is in the JSON too); exit latency
-is also given as its maximum, because the bar holds per process. A scenario that comes
+is over rounds, each run's time over the ``plain`` run's of the same round, with its 95%
+interval and verdict as :mod:`stats` takes them (the ratio of the medians is in the JSON
+too). Each run is a process of its own, so these rounds are as noisy as the machine: the
+intervals are wide, and a verdict is often ``unresolved``. Exit latency is also given as
+its maximum, because the bar holds per process. A scenario that comes
 back (``flap``, ``back-late``) stops and restarts the receiver on its port, since a
 connection that is refused, and the reconnection that follows, is what a real restart costs.
 
 Bars (from the issues; reported, never asserted):
 
-* compute: ``sync-100k`` <= 1.25x (for ``healthy`` also compute plus the exit hooks, which
-  deliver what ``flush()`` would), ``threads-2k`` <= 1.03x;
+* compute: ``sync-100k`` <= 1.25x, ``threads-2k`` <= 1.03x;
 * every process exits within 2 s of its last compute.
 
 Usage::
@@ -59,6 +60,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import json
+import math
 import os
 import re
 import socket
@@ -75,7 +77,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from run import Receiver, paired_ratio  # noqa: E402
+import stats  # noqa: E402
+from rig import LineProcess  # noqa: E402
 
 SCENARIOS = ("plain", "healthy", "down", "hung", "slow", "flap", "back-late")
 WORKLOADS = ("sync-100k", "threads-2k")
@@ -176,15 +179,14 @@ def summarize(receiver: Any, carried: dict[str, int]) -> dict[str, int]:
     return out
 
 
-class FaultReceiver(Receiver):
-    """run.py's receiver process, running this file's ``--receiver`` loop instead."""
+class FaultReceiver(LineProcess):
+    """The receiver process: this file's ``--receiver`` loop, told what to do over stdin."""
 
     def __init__(self) -> None:
+        super().__init__([sys.executable, __file__, "--receiver"])
         # flap's timer thread and the main thread both talk to it: one question at a time.
         self._lock = threading.Lock()
-        self._proc = subprocess.Popen([sys.executable, __file__, "--receiver"],
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.endpoint = self._proc.stdout.readline().strip()
+        self.endpoint = self.first
         if not self.endpoint.startswith("http"):
             raise RuntimeError("the receiver process did not start")
 
@@ -364,16 +366,23 @@ def verdict(runs: list[dict[str, Any]], plain: list[dict[str, Any]]) -> dict[str
     plain_by_round = {r["round"]: r for r in plain}
 
     def paired(*parts: str) -> float:
-        return paired_ratio([sum(r[p] for p in parts) for r in runs],
-                            [sum(plain_by_round[r["round"]][p] for p in parts) for r in runs])
+        return ratio_of(*parts).ratio
 
-    compute_ratio = paired("compute_s")
+    def ratio_of(*parts: str) -> stats.Ratio:
+        ours = [sum(r[p] for p in parts) for r in runs]
+        theirs = [sum(plain_by_round[r["round"]][p] for p in parts) for r in runs]
+        if len(ours) < 2:  # one round (--quick): a ratio, and no interval
+            return stats.Ratio(ours[0] / theirs[0], math.nan, math.nan, 1)
+        return stats.paired(ours, theirs)
+
+    compute_r = ratio_of("compute_s")
+    compute_ratio = compute_r.ratio
     out: dict[str, Any] = {
         "workload": workload, "scenario": scenario, "runs": len(runs),
         "compute_s": compute, "compute_s_each": [round(r["compute_s"], 3) for r in runs],
-        "compute_ratio": compute_ratio,
+        "compute_ratio": compute_ratio, "compute_lo": compute_r.lo, "compute_hi": compute_r.hi,
         "to_exit_ratio": paired("compute_s", "exit_s"),
-        # compute + otel_graph's exit hook: what "including flush()" is in run.py, without
+        # compute + otel_graph's exit hook: what "including flush()" is in make bench, without
         # the interpreter's teardown, which grows with every module imported (grpc's too).
         "delivered_ratio": paired("compute_s", "hooks_s"),
         "compute_ratio_of_medians": compute / base, "to_exit_ratio_of_medians": to_exit / base_to_exit,
@@ -386,12 +395,10 @@ def verdict(runs: list[dict[str, Any]], plain: list[dict[str, Any]]) -> dict[str
         "teardown_s_median": statistics.median(r["exit_s"] - r["hooks_s"] for r in runs),
         "setup_s": statistics.median(r["setup_s"] for r in runs),
         "exit_ok": max(exits) <= EXIT_BAR_S and all(r["returncode"] == 0 for r in runs),
-        "compute_ok": compute_ratio <= BARS[workload],
+        "compute_verdict": stats.verdict(compute_r, bar=BARS[workload]) if compute_r.rounds > 1 else "unresolved",
         "clean": all(r["returncode"] == 0 and not r["traceback"] and r["warnings"] <= 1 for r in runs),
         "hooks_never_ran": sum(not r.get("hooks_ran", True) for r in runs),
     }
-    if scenario == "healthy" and workload == "sync-100k":
-        out["compute_ok"] = out["compute_ok"] and out["delivered_ratio"] <= BARS[workload]
     if scenario != "plain":
         out["runs_warned"] = sum(r["warnings"] > 0 for r in runs)
         warned = [r["undelivered_warned"] for r in runs if r["undelivered_warned"]]
@@ -430,7 +437,8 @@ def print_table(results: list[dict[str, Any]], *, when: str) -> None:
             received = f"{r['spans_received']:.0f}/{r['points_received']:.0f}"
             line += (f"{r['runs_warned']:>3}/{r['runs']:<2} {undelivered:>25} {received:>14}  "
                      f"{'yes' if r['all_delivered'] else 'no':<8} ")
-        line += f"compute {ok[r['compute_ok']]}, exit {ok[r['exit_ok']]}"
+        line += (f"compute {r['compute_verdict']} [{r['compute_lo']:.3f}, {r['compute_hi']:.3f}], "
+                 f"exit {ok[r['exit_ok']]}")
         if r["hooks_never_ran"]:
             line += f", INVALID: atexit hooks never ran in {r['hooks_never_ran']} run(s)"
         if not r["clean"]:
@@ -450,7 +458,6 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one round of 20,000 and 500 tasks: a smoke run")
     parser.add_argument("--only", help="run only the scenarios and workloads whose name contains this "
                                        "(plain always runs: it is the reference)")
-    parser.add_argument("--json", help="also write one row per workload and collector state here (benchmarks/table.py)")
     parser.add_argument("--receiver", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--app", choices=WORKLOADS, help=argparse.SUPPRESS)
     parser.add_argument("--instrumented", action="store_true", help=argparse.SUPPRESS)
@@ -502,17 +509,6 @@ def main() -> None:
     out.write_text(json.dumps({"when": when, "args": vars(args), "sources_edited_during_run": edited,
                                "results": results, "runs": runs}, indent=2))
     print(f"written {out}")
-    if args.json:
-        Path(args.json).write_text(json.dumps([table_row(r) for r in results if r["scenario"] != "plain"], indent=2))
-
-
-def table_row(result: dict[str, Any]) -> dict[str, Any]:
-    """One collector state's figures as a row of the table ``make bench`` prints."""
-    ok = result["compute_ok"] and result["exit_ok"] and result["clean"] and not result["hooks_never_ran"]
-    return {"workload": f"{result['workload']}, collector {result['scenario']}", "bar": BARS[result["workload"]],
-            "ratio": result["compute_ratio"],
-            "detail": (f"exit {result['exit_s_median']:.2f} s (max {result['exit_s_max']:.2f}, bar {EXIT_BAR_S:.0f} s)"
-                       + ("" if ok else "; FAILED a bar or ran unclean: see bench_faults' own table"))}
 
 
 if __name__ == "__main__":

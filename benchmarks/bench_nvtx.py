@@ -16,7 +16,7 @@ Workloads: ``sync-100k`` (no-op tasks: the per-task cost shows whole) and ``thre
 them in a fresh interpreter with the same tool: the difference between whole runs is the
 same cost seen through a noisier lens. Usage::
 
-    python benchmarks/bench_nvtx.py [--repeat 3] [--tasks 100000] [--json out.json]
+    python benchmarks/bench_nvtx.py [--repeat 5] [--tasks 100000] [--json out.json]
 """
 
 from __future__ import annotations
@@ -33,6 +33,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import stats  # noqa: E402
 from nvtx_tool import build_recorder  # noqa: E402  (the tests' helper, found on the path set above)
 
 #: One run: argv is the workload, the task count and whether ranges are on; prints the seconds
@@ -101,20 +104,21 @@ def row(name: str, workload: str, tasks: int, env: dict[str, str], *, repeat: in
     for _ in range(repeat):
         off.append(_run(workload, tasks, False, env))
         on.append(_run(workload, tasks, True, env))
-    ratio = statistics.median(a / b for a, b in zip(on, off, strict=True))
+    ratio = stats.paired(on, off)
     # Wall time over tasks is a task's cost on the sync scheduler only: on a pool the threads
     # overlap, and 1 ms naps hide what they add.
     per_task_us = (statistics.median(on) - statistics.median(off)) / tasks * 1e6 if workload == "sync" else None
     detail = "ranges on / off, both instrumented"
     if per_task_us is not None:
         detail += f"; {per_task_us:+.2f} µs a task end to end, {_alone(env):.2f} µs in the ranges' calls alone"
-    return {"workload": name, "bar": None, "ratio": ratio, "baseline_s": statistics.median(off),
+    return {"workload": name, "bar": None, "ratio": ratio.ratio, "lo": ratio.lo, "hi": ratio.hi,
+            "baseline_s": statistics.median(off),
             "instrumented_s": statistics.median(on), "per_task_us": per_task_us, "detail": detail}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--tasks", type=int, default=100_000)
     parser.add_argument("--json")
     args = parser.parse_args()
@@ -133,7 +137,8 @@ def main() -> None:
                 for path in Path(scratch).glob("nvtx-*.tsv"):
                     path.unlink()
                 print(f"{name:<36} off {rows[-1]['baseline_s']:.3f}s  on {rows[-1]['instrumented_s']:.3f}s  "
-                      f"ratio {rows[-1]['ratio']:.3f}  {rows[-1]['detail']}", flush=True)
+                      f"ratio {rows[-1]['ratio']:.3f} [{rows[-1]['lo']:.3f}, {rows[-1]['hi']:.3f}]  "
+                      f"{rows[-1]['detail']}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
 

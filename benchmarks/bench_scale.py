@@ -48,18 +48,17 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(HERE), str(ROOT / "tests")]
 
-from run import Receiver  # noqa: E402
+from rig import LineProcess  # noqa: E402
 
 BUDGET = 1000  # OTEL_GRAPH_MAX_TASK_SPANS' default, left unset in the children
 
 
-class ScaleReceiver(Receiver):
-    """run.py's receiver process, answering ``summary`` as well (this file's ``--receiver``)."""
+class ScaleReceiver(LineProcess):
+    """The receiver process, answering ``clear`` and ``summary`` (this file's ``--receiver``)."""
 
     def __init__(self) -> None:
-        self._proc = subprocess.Popen([sys.executable, __file__, "--receiver"],
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        grpc, http = self._proc.stdout.readline().split()
+        super().__init__([sys.executable, __file__, "--receiver"])
+        grpc, http = self.first.split()
         self.endpoints = {"grpc": grpc, "http/protobuf": http}
 
 

@@ -1,35 +1,45 @@
-"""The one table ``make bench`` prints: every workload's ratio against its bar.
+"""The Markdown tables the benchmarks print, one row per ratio with its interval.
 
-Each benchmark writes its rows with ``--json`` (``workload``, ``bar``, ``ratio``,
-``detail``); this reads the files named and prints them as one Markdown table, the one
-the documentation's performance section shows. Usage::
-
-    python benchmarks/table.py rows1.json rows2.json ...
+``make bench`` prints :func:`table` (bars and verdicts), ``make bench-ab`` prints
+:func:`ab_table` (new over old). A ratio is shown as ``1.083× [1.071, 1.095]``: the ratio
+and its 95% interval (:mod:`stats`).
 """
 
 from __future__ import annotations
 
-import json
-import sys
-from pathlib import Path
+from typing import Any
 
 
-def table(rows: list[dict]) -> str:
-    lines = ["| workload | bar | with otel_graph / without | within | notes |", "|---|---|---|---|---|"]
+def interval(ratio: float, lo: float, hi: float) -> str:
+    return f"{ratio:.3f}× [{lo:.3f}, {hi:.3f}]"
+
+
+def _verdict(row: dict[str, Any]) -> str:
+    if "floor" in row:
+        word = "yes" if row["verdict"] == "yes" else "**no**"
+        return f"{word} (±{row['floor'] * 100:.0f}%)"
+    if row["verdict"] is None:
+        return "—"
+    if row["verdict"] == "unresolved":
+        more = row.get("more_rounds")
+        return f"unresolved ({more:,} more rounds)" if more else "unresolved (on the bar)"
+    return "yes" if row["verdict"] == "yes" else "**no**"
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| workload | bar | wall time, with / without | within | CPU time, with / without | rounds | notes |",
+             "|---|---|---|---|---|---|---|"]
     for row in rows:
-        detail = row.get("detail", "")
-        if row["bar"] is None:  # a cost measured and stated, with no bar to hold it to
-            lines.append(f"| {row['workload']} | none | {row['ratio']:.3f}× | — | {detail} |")
-            continue
-        within = "yes" if row["ratio"] <= row["bar"] else "**no**"
-        lines.append(f"| {row['workload']} | ≤ {row['bar']:.2f}× | {row['ratio']:.3f}× | {within} | {detail} |")
+        bar = f"≤ {row['bar']:.2f}×" if row["bar"] is not None else "—"
+        lines.append(f"| {row['workload']} | {bar} | {interval(row['ratio'], row['lo'], row['hi'])} | "
+                     f"{_verdict(row)} | {interval(row['cpu_ratio'], row['cpu_lo'], row['cpu_hi'])} | "
+                     f"{row['rounds']} | {row.get('detail', '')} |")
     return "\n".join(lines)
 
 
-def main() -> None:
-    rows = [row for name in sys.argv[1:] if Path(name).exists() for row in json.loads(Path(name).read_text())]
-    print(table(rows))
-
-
-if __name__ == "__main__":
-    main()
+def ab_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| workload | wall time, new / old | CPU time, new / old | rounds |", "|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row['workload']} | {interval(row['ratio'], row['lo'], row['hi'])} | "
+                     f"{interval(row['cpu_ratio'], row['cpu_lo'], row['cpu_hi'])} | {row['rounds']} |")
+    return "\n".join(lines)

@@ -1,0 +1,108 @@
+"""Ratios of paired rounds with their 95% intervals, and verdicts against a bar.
+
+A benchmark pairs each run of one arm with what another arm took at the same time
+(:mod:`rig`); each pair is a *round*, and its ratio is new over old. The ratio of the two
+arms is the **trimmed mean of the rounds' ratios**: the mean of the middle 60% of them,
+as steady as the mean on well-behaved rounds and, like the median, deaf to the odd round
+a neighbour's load spoiled. Its interval is a **percentile bootstrap over rounds**: the
+rounds are drawn again with replacement, many times, and the trimmed mean taken each time;
+the interval holds the middle 95% of those.
+
+A ratio is judged against its bar by where its interval lies: ``yes`` when the whole
+interval is at or under the bar, ``no`` when the whole interval is above it, ``unresolved``
+when the bar falls inside. An unresolved ratio's interval narrows about as one over the
+square root of the rounds, which :func:`rounds_to_resolve` uses to say how many rounds
+would separate it from the bar.
+
+>>> r = paired([1.10, 1.12, 1.08, 1.11, 1.09] * 4, [1.0] * 20)
+>>> round(r.ratio, 3), r.lo <= r.ratio <= r.hi, verdict(r, bar=1.25)
+(1.1, True, 'yes')
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+LEVEL = 0.95
+RESAMPLES = 10_000
+TRIM = 0.2  # the share of rounds left out at each end
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """A paired ratio with its interval, over ``rounds`` rounds."""
+
+    ratio: float
+    lo: float
+    hi: float
+    rounds: int
+
+    @property
+    def half_width(self) -> float:
+        """Half the interval's width, as a fraction of 1 (0.01 is ±1%)."""
+        return (self.hi - self.lo) / 2
+
+
+def trimmed_mean(values: np.ndarray) -> np.ndarray:
+    """The mean of the middle values along the last axis, ``TRIM`` of them cut at each end."""
+    ordered = np.sort(values, axis=-1)
+    cut = int(ordered.shape[-1] * TRIM)
+    return ordered[..., cut:ordered.shape[-1] - cut].mean(axis=-1)
+
+
+def paired(new: Sequence[float], old: Sequence[float], *, seed: int = 0) -> Ratio:
+    """The trimmed mean of ``new[i] / old[i]`` over rounds, with its bootstrap interval."""
+    return paired_blocks([(new, old)], seed=seed)
+
+
+def paired_blocks(blocks: Sequence[tuple[Sequence[float], Sequence[float]]], *, seed: int = 0) -> Ratio:
+    """:func:`paired` over rounds that came in blocks, each from processes of its own.
+
+    Two processes of one program can differ in speed by a percent or two for good (where
+    their memory landed), so rounds of one block are not independent of each other. The
+    bootstrap draws blocks with replacement, then rounds within each drawn block, so that
+    the interval widens by however much the blocks disagree.
+    """
+    ratios = []
+    for new, old in blocks:
+        if len(new) != len(old):
+            raise ValueError(f"paired rounds differ in number: {len(new)} against {len(old)}")
+        ratios.append(np.asarray(new, dtype=float) / np.asarray(old, dtype=float))
+    if sum(len(r) for r in ratios) < 2 or not all(len(r) for r in ratios):
+        raise ValueError("a ratio's interval needs at least 2 rounds, and every block one")
+    rng = np.random.default_rng(seed)
+    drawn = []
+    for blocks_drawn in rng.integers(0, len(ratios), size=(RESAMPLES, len(ratios))):
+        picked = [ratios[0]] if len(ratios) == 1 else [ratios[b] for b in blocks_drawn]
+        drawn.append(trimmed_mean(np.concatenate([r[rng.integers(0, len(r), size=len(r))] for r in picked])))
+    tail = (1 - LEVEL) / 2 * 100
+    lo, hi = np.percentile(drawn, [tail, 100 - tail])
+    pooled = np.concatenate(ratios)
+    return Ratio(float(trimmed_mean(pooled)), float(lo), float(hi), len(pooled))
+
+
+def verdict(ratio: Ratio, *, bar: float) -> str:
+    """``yes``, ``no`` or ``unresolved``: where the interval lies against ``bar``."""
+    if ratio.hi <= bar:
+        return "yes"
+    if ratio.lo > bar:
+        return "no"
+    return "unresolved"
+
+
+def rounds_to_resolve(ratio: Ratio, *, bar: float) -> int | None:
+    """More rounds that would likely resolve an unresolved ratio; None if it sits on the bar.
+
+    The side of the interval that reaches across the bar has to shrink to the ratio's
+    distance from the bar; widths shrink as ``1/sqrt(rounds)``.
+    """
+    distance = abs(ratio.ratio - bar)
+    reach = ratio.hi - ratio.ratio if ratio.ratio < bar else ratio.ratio - ratio.lo
+    if distance <= 1e-9 * bar:
+        return None
+    needed = math.ceil(ratio.rounds * (reach / distance) ** 2)
+    return max(needed - ratio.rounds, 1)

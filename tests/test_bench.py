@@ -1,0 +1,142 @@
+"""The benchmark harness: its statistics on data whose answer is known, and real runs of
+``make bench`` and ``make bench-ab`` on one small workload, read from what they write.
+
+Nothing here times otel_graph: the figures of a run on a loaded test machine mean nothing.
+What is checked is that the harness measures what it says: one arm running at a time,
+runs timed only while their arm ran, every span of the instrumented arm arriving at its
+receiver, and the JSON each command writes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import rig  # noqa: E402
+import stats  # noqa: E402
+
+
+@pytest.fixture
+def fewer_resamples(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(stats, "RESAMPLES", 1000)
+
+
+def test_verdicts_follow_the_interval() -> None:
+    under, over, across = stats.Ratio(1.05, 1.02, 1.08, 20), stats.Ratio(1.2, 1.15, 1.25, 20), \
+        stats.Ratio(1.09, 1.06, 1.12, 20)
+    assert [stats.verdict(r, bar=1.10) for r in (under, over, across)] == ["yes", "no", "unresolved"]
+    # 0.03 of reach over 0.01 of distance: nine times the rounds, so 160 more.
+    assert stats.rounds_to_resolve(across, bar=1.10) == 160
+    assert stats.rounds_to_resolve(stats.Ratio(1.10, 1.08, 1.12, 20), bar=1.10) is None
+
+
+def test_intervals_hold_the_true_ratio_about_95_times_in_100(fewer_resamples: None) -> None:
+    rng = np.random.default_rng(7)
+    covered = 0
+    for _ in range(200):
+        old = rng.lognormal(0.0, 0.05, size=30)
+        new = old * 1.08 * rng.lognormal(0.0, 0.03, size=30)
+        r = stats.paired(list(new), list(old))
+        covered += r.lo <= 1.08 <= r.hi
+    assert 176 <= covered <= 198, covered  # 88% to 99%: the percentile bootstrap runs a little short
+
+
+def test_blocks_that_disagree_widen_the_interval(fewer_resamples: None) -> None:
+    rng = np.random.default_rng(3)
+    noise = [1.0 + 0.01 * rng.standard_normal(10) for _ in range(3)]
+    alike = [(list(1.1 * n), [1.0] * 10) for n in noise]
+    apart = [(list((1.1 + shift) * n), [1.0] * 10) for n, shift in zip(noise, (-0.03, 0.0, 0.03), strict=True)]
+    narrow, wide = stats.paired_blocks(alike), stats.paired_blocks(apart)
+    assert wide.hi - wide.lo > 2 * (narrow.hi - narrow.lo)
+    assert narrow.lo <= 1.1 <= narrow.hi and wide.rounds == 30
+
+
+def test_unequal_rounds_are_refused() -> None:
+    with pytest.raises(ValueError, match="differ in number"):
+        stats.paired([1.0, 1.1], [1.0])
+
+
+@pytest.mark.slow
+def test_a_trial_runs_one_arm_at_a_time_and_delivers_every_span() -> None:
+    # On every core: an arm that went on running in the other's turns would spend about twice
+    # the CPU time of the turns it was given.
+    arms = [rig.Arm("plain", "tiny-array-200", "plain", pinned=False),
+            rig.Arm("traced", "tiny-array-200", "otel_graph", pinned=False)]
+    trial = rig.interleave(arms, runs=2, slice_s=0.02)
+    for label in ("plain", "traced"):
+        kept = trial.kept(label)
+        assert len(kept) >= 2
+        for run in kept:
+            # Running for about half of its span: the other arm had the rest.
+            assert 0.2 * (run.end - run.start) < run.wall_s < 0.8 * (run.end - run.start)
+            assert run.compute_s <= run.wall_s
+    for run in trial.kept("plain"):
+        assert 0.3 * run.wall_s < run.cpu_s < 1.15 * run.wall_s
+    traced = trial.arms["traced"]
+    assert traced.completed is not None and traced.completed >= 2
+    # Every run's 200 computes and the 20 of the warm-up, each one trace of its compute span
+    # and its tasks: as many compute spans arrived, and never a task without its compute.
+    assert traced.delivered["dask.compute"] == 200 * traced.completed + 20
+    assert trial.arms["plain"].delivered == {}
+    ours, theirs = rig.paired(trial, "traced", "plain")
+    assert len(ours) == len(theirs) == len(trial.kept("traced")) and all(t > 0 for t in theirs)
+
+
+def bench_command(*args: str) -> list[str]:
+    return [sys.executable, str(ROOT / "benchmarks" / args[0]), *args[1:]]
+
+
+@pytest.mark.slow
+def test_make_bench_writes_its_table_with_intervals_and_verdicts(tmp_path: Path) -> None:
+    done = subprocess.run(bench_command("bench.py", "--only", "tiny-array", "--scale", "0.1", "--blocks", "1",
+                                        "--out", str(tmp_path)), capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {row["workload"]: row for row in json.loads((tmp_path / "bench.json").read_text())}
+    assert set(rows) == {"A/A tiny-array-200", "tiny-array-200", "tiny-array-200, Profiler"}
+    for row in rows.values():
+        assert row["lo"] <= row["ratio"] <= row["hi"] and row["cpu_lo"] <= row["cpu_ratio"] <= row["cpu_hi"]
+        assert row["rounds"] >= 2
+    assert rows["tiny-array-200"]["bar"] == 1.10
+    assert rows["tiny-array-200"]["verdict"] in ("yes", "no", "unresolved")
+    assert "otel_graph / Profiler" in rows["tiny-array-200"]["detail"]
+    assert rows["A/A tiny-array-200"]["floor"] == 0.01 and rows["A/A tiny-array-200"]["bar"] is None
+    assert "| tiny-array-200 | ≤ 1.10× |" in done.stdout
+
+
+def uv_binary() -> Path | None:
+    found = sorted(ROOT.glob(".tools/uv-*/bin/uv"))
+    return found[-1] if found else None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(uv_binary() is None, reason="no uv in .tools/ (make venv bootstraps it)")
+def test_make_bench_ab_builds_the_other_tree_and_compares(tmp_path: Path) -> None:
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
+    tree = tmp_path / "trees" / head.stdout.strip()
+    try:
+        done = subprocess.run(bench_command("ab.py", "--old", "HEAD", "--rows", "tiny-array-200", "--scale", "0.1",
+                                            "--blocks", "1", "--out", str(tmp_path), "--uv", str(uv_binary()),
+                                            "--python", sys.executable), capture_output=True, text=True, timeout=280)
+        assert done.returncode == 0, done.stderr[-3000:]
+        (row,) = json.loads((tmp_path / "ab.json").read_text())
+        assert row["workload"] == "tiny-array-200" and row["lo"] <= row["ratio"] <= row["hi"]
+        assert not math.isnan(row["cpu_ratio"])
+        # The old arm ran the other tree's otel_graph, from its own venv built from its lock.
+        assert f"(from {tree / 'otel_graph' / '__init__.py'})" in done.stdout
+        assert f"otel_graph from {ROOT / 'otel_graph' / '__init__.py'}" in done.stdout
+        assert (tree / ".venv" / ".installed-lock").exists()
+        assert "| tiny-array-200 |" in done.stdout
+        bad = subprocess.run(bench_command("ab.py", "--old", "no-such-rev", "--uv", str(uv_binary()), "--python",
+                                           sys.executable, "--out", str(tmp_path)), capture_output=True, text=True)
+        assert bad.returncode != 0 and "OLD='no-such-rev' names no commit" in bad.stderr
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
