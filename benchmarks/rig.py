@@ -169,15 +169,16 @@ class Arm:
     _group: int = 0
     _pending: bytes = b""
 
-    def start(self) -> None:
-        """Start the arm and wait for it to be ready; it is left paused."""
+    def start(self, timers: dict[str, str] | None = None) -> None:
+        """Start the arm and wait for it to be ready; it is left paused. An instrumented
+        arm's environment takes ``timers`` (see :func:`paced_timers`), then its own ``env``."""
         spec = json.dumps({"workload": self.workload, "way": self.way, "options": self.options})
         env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
         env.pop("PYTHONPATH", None)
         if self.way == "otel_graph":
             self.receiver = Receiver()
             env.update(OTEL_EXPORTER_OTLP_ENDPOINT=self.receiver.endpoint, OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
-                       OTEL_SERVICE_NAME=self.label)
+                       OTEL_SERVICE_NAME=self.label, **(timers or {}))
         env.update(PYTHONHASHSEED="0", **self.env)
         group = self.receiver.pid if self.receiver is not None else 0
         cpus = ON_ARM_CPU if self.pinned else ["taskset", "-c", ",".join(map(str, _CPUS))] if ON_ARM_CPU else []
@@ -286,20 +287,39 @@ def _next_cycle(cycle: list[Arm], rng: random.Random) -> list[Arm]:
     return running
 
 
+def paced_timers(arms: int) -> dict[str, str]:
+    """otel_graph's periodic work, ``arms`` times further apart on the wall clock.
+
+    Taking turns with ``arms - 1`` others, an arm runs about one second in ``arms``; its
+    metric exports, drains and progress spans, timed on the wall clock, would come that
+    many times as often per second of its running as in a process of its own. Spaced out
+    so, they come as often as by default. (This tree's defaults: in an A/B, both trees get
+    the same.)
+    """
+    from otel_graph.config import OTEL_GRAPH_DRAIN_INTERVAL, OTEL_GRAPH_PROGRESS_INTERVAL, load_settings
+
+    defaults = load_settings({})
+    return {"OTEL_METRIC_EXPORT_INTERVAL": f"{defaults.metric_export_interval_ms * arms:g}",
+            OTEL_GRAPH_DRAIN_INTERVAL: f"{defaults.drain_interval_s * arms:g}",
+            OTEL_GRAPH_PROGRESS_INTERVAL: f"{defaults.progress_interval_s * arms:g}"}
+
+
 def interleave(arms: Sequence[Arm], *, runs: int, slice_s: float = 0.05, seed: int = 0,
                progress: str = "") -> Trial:
     """Run the arms at once, taking turns, until each has done ``runs`` runs side by side.
 
     The arms start in an order drawn from ``seed``, as their turns are: no arm is always
-    the first to take its memory or its turn. At the end, an instrumented arm finishes
+    the first to take its memory or its turn. Instrumented arms get :func:`paced_timers`
+    (where their own ``env`` does not set them). At the end, an instrumented arm finishes
     its run and exits as a script does (its exit hook delivering what is left); the others
     are killed at once.
     """
     began = time.perf_counter()
     rng = random.Random(seed)
+    timers = paced_timers(len(arms))
     try:
         for arm in rng.sample(list(arms), len(arms)):
-            arm.start()
+            arm.start(timers)
         for arm in arms:
             arm.send("go")
         cycle = _next_cycle(list(arms), rng)
