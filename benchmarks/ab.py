@@ -4,7 +4,7 @@
 (``trees/<commit>`` in ``--out``, ``benchmarks/out``), builds its own venv there from its own ``uv.lock``
 (kept for the next time), and then, for each row, runs an arm of each tree side by side
 (:mod:`rig`): the old tree's interpreter and otel_graph, and this tree's, both instrumented
-the same way, taking turns on one core, in the blocks and runs that ``make bench`` gives
+the same way, taking turns on one core, in the blocks, time and runs that ``make bench`` gives
 the row's workload. Both arms run this tree's harness and workloads, so that only
 otel_graph differs. It prints, per row, new over old with its 95% interval (:mod:`stats`),
 beside the same ratio of CPU time, and writes the rows to ``ab.json`` in ``--out``: a
@@ -78,12 +78,14 @@ def ab_row(name: str, *, old_python: Path, scale: float, blocks: int | None, log
     workload, options = ROWS[name]
     group = next(g for g in GROUPS if g.workload == workload)
     runs, blocks = max(2, round(group.runs * scale)), blocks or group.blocks
+    seconds = group.seconds * scale / blocks
     trials = []
     for block in range(blocks):
         arms = [rig.Arm(label, workload, "otel_graph", options=options, python=str(python), pinned=group.pinned,
                         log=logs / f"ab-{name}-{label}.log")
                 for label, python in (("old", old_python), ("new", Path(sys.executable)))]
-        trials.append(rig.interleave(arms, runs=runs, seed=block, progress=f"{name} {block + 1}/{blocks}"))
+        trials.append(rig.interleave(arms, runs=runs, seconds=seconds, seed=block,
+                                     progress=f"{name} {block + 1}/{blocks}"))
         origins.update({arm.label: arm.origin.get("otel_graph") for arm in arms})
     wall = stats.paired_blocks([rig.paired(t, "new", "old") for t in trials])
     cpu = stats.paired_blocks([rig.paired(t, "new", "old", "cpu_s") for t in trials])
@@ -95,7 +97,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--old", required=True, help="the git revision to compare this tree with")
     parser.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, of: {', '.join(ROWS)}")
-    parser.add_argument("--scale", type=float, default=1.0, help="multiply every row's runs by this")
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply every row's time and runs by this")
     parser.add_argument("--blocks", type=int, help="trials of each row, in place of make bench's")
     parser.add_argument("--uv", required=True, help="the uv that builds the old tree's venv")
     parser.add_argument("--python", required=True, help="the interpreter the old tree's venv is made with")

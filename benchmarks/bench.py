@@ -8,7 +8,8 @@ same ratio of CPU time:
 
 * ``A/A <workload>``: the second plain arm against the first: the same configuration
   against itself, so its interval is the floor of what the trial can resolve. It holds
-  when its interval lies within 1 ± its target.
+  when its interval is at most ± its target wide and holds 1 (the two arms' processes
+  alike: :mod:`rig`).
 * ``<workload>``: otel_graph against plain, judged against the row's bar.
 * ``<workload>, Profiler``: the anchor, ``dask.diagnostics.Profiler`` against plain. A tiny
   row also holds when otel_graph is not measurably slower than the Profiler (the
@@ -18,8 +19,11 @@ Usage::
 
     python benchmarks/bench.py [--only tiny] [--scale 0.5] [--blocks 1] [--out benchmarks/out]
 
-``--scale`` multiplies every group's runs and ``--blocks`` sets how many trials each group
-has (a quick look: ``--scale 0.2 --blocks 1``). The table is
+Each group takes turns for a set time (its ``seconds``, split among its blocks; about 23
+minutes in all, with the arms' start-ups), with a few runs at least: on a faster machine,
+more rounds fill it; on a slower one, fewer, and wider intervals. ``--scale`` multiplies
+every group's time and runs, and ``--blocks`` sets how many trials each group has (a quick
+look: ``--scale 0.2 --blocks 1``). The table is
 also written as ``bench.json`` in ``--out``, and each arm's stderr as ``logs/*.log``.
 """
 
@@ -47,11 +51,13 @@ TINY_BARS = {"tiny-sync-2k": 1.15, "tiny-array-200": 1.10}
 
 @dataclass(frozen=True)
 class Group:
-    """A workload's trials: how many (``blocks``, each with processes of its own), how many
-    runs each arm keeps in each, the A/A row's target and the bar."""
+    """A workload's trials: how many (``blocks``, each with processes of its own), how long
+    their arms take turns (``seconds``, all blocks together), how many runs each arm keeps
+    in each at least, the A/A row's target and the bar."""
 
     workload: str
     blocks: int
+    seconds: float
     runs: int
     floor: float  # the A/A interval's target half-width
     bar: float
@@ -64,11 +70,11 @@ class Group:
 
 
 GROUPS = (
-    Group("sync-100k", blocks=2, runs=4, floor=0.01, bar=1.25, unlimited=True),
-    Group("threads-2k", blocks=3, runs=7, floor=0.02, bar=1.03),
-    Group("tiny-sync-2k", blocks=3, runs=8, floor=0.01, bar=TINY_BARS["tiny-sync-2k"]),
-    Group("tiny-array-200", blocks=3, runs=6, floor=0.01, bar=TINY_BARS["tiny-array-200"]),
-    Group("distributed-5k", blocks=2, runs=3, floor=0.02, bar=1.10, pinned=False),
+    Group("sync-100k", blocks=2, seconds=300, runs=3, floor=0.01, bar=1.25, unlimited=True),
+    Group("threads-2k", blocks=3, seconds=50, runs=3, floor=0.02, bar=1.03),
+    Group("tiny-sync-2k", blocks=3, seconds=440, runs=3, floor=0.01, bar=TINY_BARS["tiny-sync-2k"]),
+    Group("tiny-array-200", blocks=3, seconds=290, runs=3, floor=0.01, bar=TINY_BARS["tiny-array-200"]),
+    Group("distributed-5k", blocks=2, seconds=190, runs=2, floor=0.02, bar=1.10, pinned=False),
 )
 UNLIMITED = {"max_task_spans": "unlimited"}
 
@@ -95,7 +101,7 @@ def row(name: str, trials: list[rig.Trial], measured: str, *, bar: float | None,
                            "rounds": wall.rounds, "cpu_ratio": cpu.ratio, "cpu_lo": cpu.lo, "cpu_hi": cpu.hi}
     if floor is not None:
         out["floor"] = floor
-        out["verdict"] = "yes" if max(wall.hi - 1, 1 - wall.lo) <= floor else "no"
+        out["verdict"] = stats.floor_verdict(wall, floor=floor)
     elif bar is not None:
         out["verdict"] = stats.verdict(wall, bar=bar)
         if out["verdict"] == "unresolved":
@@ -149,7 +155,7 @@ def delivered(arms: list[rig.Arm]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", help="run only the groups whose workload contains this")
-    parser.add_argument("--scale", type=float, default=1.0, help="multiply every group's runs by this")
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply every group's time and runs by this")
     parser.add_argument("--blocks", type=int, help="trials of each group, in place of each group's own")
     parser.add_argument("--out", type=Path, default=OUT, help="where bench.json and the arms' logs go")
     args = parser.parse_args()
@@ -160,7 +166,8 @@ def main() -> None:
         if args.only and args.only not in group.workload:
             continue
         runs, blocks = max(2, round(group.runs * args.scale)), args.blocks or group.blocks
-        trials = [rig.interleave(arms_of(group, logs=args.out / "logs"), runs=runs, seed=block,
+        seconds = group.seconds * args.scale / blocks
+        trials = [rig.interleave(arms_of(group, logs=args.out / "logs"), runs=runs, seconds=seconds, seed=block,
                                  progress=f"{group.workload} {block + 1}/{blocks}") for block in range(blocks)]
         rows.extend(group_rows(group, trials))
         print(f"{group.workload}: {sum(t.seconds for t in trials):.0f} s", file=sys.stderr)

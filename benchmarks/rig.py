@@ -304,9 +304,11 @@ def paced_timers(arms: int) -> dict[str, str]:
             OTEL_GRAPH_PROGRESS_INTERVAL: f"{defaults.progress_interval_s * arms:g}"}
 
 
-def interleave(arms: Sequence[Arm], *, runs: int, slice_s: float = 0.05, seed: int = 0,
+def interleave(arms: Sequence[Arm], *, runs: int, seconds: float = 0.0, slice_s: float = 0.05, seed: int = 0,
                progress: str = "") -> Trial:
-    """Run the arms at once, taking turns, until each has done ``runs`` runs side by side.
+    """Run the arms at once, taking turns, until each has done ``runs`` runs side by side
+    and they have taken turns for ``seconds`` since each had its first: a trial fills its
+    time on a fast machine, and still has its runs on a slow one.
 
     The arms start in an order drawn from ``seed``, as their turns are: no arm is always
     the first to take its memory or its turn. Instrumented arms get :func:`paced_timers`
@@ -331,7 +333,7 @@ def interleave(arms: Sequence[Arm], *, runs: int, slice_s: float = 0.05, seed: i
             if kept_from == math.inf:
                 kept_from = max(arm.windows[0][0] for arm in arms)
             counts = [len([r for r in arm.runs if r.start >= kept_from]) for arm in arms]
-            if kept_until == math.inf and min(counts) >= runs:
+            if kept_until == math.inf and min(counts) >= runs and time.monotonic() - kept_from >= seconds:
                 kept_until = time.monotonic()
                 for arm in arms:
                     if arm.receiver is not None:
@@ -340,7 +342,8 @@ def interleave(arms: Sequence[Arm], *, runs: int, slice_s: float = 0.05, seed: i
                         arm.kill()
             if progress and min(counts) != shown:
                 shown = min(counts)
-                print(f"\r{progress}: {shown}/{runs} runs", end="", file=sys.stderr, flush=True)
+                print(f"\r{progress}: {shown} runs ({runs} at least, {seconds:.0f} s)", end="", file=sys.stderr,
+                      flush=True)
             cycle = _next_cycle(cycle, rng)
     finally:
         for arm in arms:

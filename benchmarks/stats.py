@@ -94,6 +94,12 @@ def verdict(ratio: Ratio, *, bar: float) -> str:
     return "unresolved"
 
 
+def floor_verdict(ratio: Ratio, *, floor: float) -> str:
+    """An A/A ratio's verdict: ``yes`` when its interval is at most ± ``floor`` wide (what
+    the trial can resolve) and holds 1 (the two sides alike, as they should be)."""
+    return "yes" if (ratio.hi - ratio.lo) / 2 <= floor and ratio.lo <= 1 <= ratio.hi else "no"
+
+
 def rounds_to_resolve(ratio: Ratio, *, bar: float) -> int | None:
     """More rounds that would likely resolve an unresolved ratio; None if it sits on the bar.
 

@@ -39,6 +39,12 @@ def test_verdicts_follow_the_interval() -> None:
     assert stats.rounds_to_resolve(stats.Ratio(1.10, 1.08, 1.12, 20), bar=1.10) is None
 
 
+def test_an_a_a_row_holds_when_narrow_and_around_one() -> None:
+    narrow, biased, wide = stats.Ratio(1.003, 0.995, 1.012, 20), stats.Ratio(0.992, 0.985, 0.999, 20), \
+        stats.Ratio(1.0, 0.985, 1.016, 20)
+    assert [stats.floor_verdict(r, floor=0.01) for r in (narrow, biased, wide)] == ["yes", "no", "no"]
+
+
 def test_intervals_hold_the_true_ratio_about_95_times_in_100(fewer_resamples: None) -> None:
     rng = np.random.default_rng(7)
     covered = 0
@@ -71,7 +77,9 @@ def test_a_trial_runs_one_arm_at_a_time_and_delivers_every_span() -> None:
     # the CPU time of the turns it was given.
     arms = [rig.Arm("plain", "tiny-array-200", "plain", pinned=False),
             rig.Arm("traced", "tiny-array-200", "otel_graph", pinned=False)]
-    trial = rig.interleave(arms, runs=2, slice_s=0.02)
+    # Two runs each take a few seconds of turns: the trial goes on to fill its 10 s.
+    trial = rig.interleave(arms, runs=2, seconds=10, slice_s=0.02)
+    assert trial.kept_until - trial.kept_from >= 10
     for label in ("plain", "traced"):
         kept = trial.kept(label)
         assert len(kept) >= 2
