@@ -108,7 +108,9 @@ def main() -> None:
     if unknown or not names:
         raise SystemExit(f"bench-ab: unknown rows {', '.join(unknown) or '(none given)'}; "
                          f"the rows are {', '.join(ROWS)}")
-    old_python = old_tree(args.old, uv=args.uv, python=args.python, trees=args.out / "trees")
+    # A path relative to here (as make passes it) would miss from the worktree uv runs in.
+    uv = str(Path(args.uv).absolute()) if os.sep in args.uv else args.uv
+    old_python = old_tree(args.old, uv=uv, python=args.python, trees=args.out / "trees")
     rig.pin_controller()
     origins: dict[str, str | None] = {}
     rows = [ab_row(name, old_python=old_python, scale=args.scale, blocks=args.blocks, logs=args.out / "logs",

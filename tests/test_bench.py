@@ -130,10 +130,14 @@ def uv_binary() -> Path | None:
 def test_make_bench_ab_builds_the_other_tree_and_compares(tmp_path: Path) -> None:
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
     tree = tmp_path / "trees" / head.stdout.strip()
+    uv = uv_binary()
+    assert uv is not None
     try:
+        # From the repository's root with uv's path relative to it, as make runs it.
         done = subprocess.run(bench_command("ab.py", "--old", "HEAD", "--rows", "tiny-array-200", "--scale", "0.1",
-                                            "--blocks", "1", "--out", str(tmp_path), "--uv", str(uv_binary()),
-                                            "--python", sys.executable), capture_output=True, text=True, timeout=280)
+                                            "--blocks", "1", "--out", str(tmp_path), "--uv", str(uv.relative_to(ROOT)),
+                                            "--python", sys.executable), capture_output=True, text=True, timeout=280,
+                              cwd=ROOT)
         assert done.returncode == 0, done.stderr[-3000:]
         (row,) = json.loads((tmp_path / "ab.json").read_text())
         assert row["workload"] == "tiny-array-200" and row["lo"] <= row["ratio"] <= row["hi"]
