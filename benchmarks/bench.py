@@ -70,11 +70,11 @@ class Group:
 
 
 GROUPS = (
-    Group("sync-100k", blocks=2, seconds=300, runs=3, floor=0.01, bar=1.25, unlimited=True),
+    Group("sync-100k", blocks=2, seconds=280, runs=3, floor=0.01, bar=1.25, unlimited=True),
     Group("threads-2k", blocks=3, seconds=50, runs=3, floor=0.02, bar=1.03),
     Group("tiny-sync-2k", blocks=3, seconds=440, runs=3, floor=0.01, bar=TINY_BARS["tiny-sync-2k"]),
-    Group("tiny-array-200", blocks=3, seconds=290, runs=3, floor=0.01, bar=TINY_BARS["tiny-array-200"]),
-    Group("distributed-5k", blocks=2, seconds=190, runs=2, floor=0.02, bar=1.10, pinned=False),
+    Group("tiny-array-200", blocks=3, seconds=240, runs=3, floor=0.01, bar=TINY_BARS["tiny-array-200"]),
+    Group("distributed-5k", blocks=3, seconds=300, runs=2, floor=0.02, bar=1.10, pinned=False),
 )
 UNLIMITED = {"max_task_spans": "unlimited"}
 
