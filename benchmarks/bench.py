@@ -24,7 +24,8 @@ minutes in all, with the arms' start-ups), with a few runs at least: on a faster
 more rounds fill it; on a slower one, fewer, and wider intervals. ``--scale`` multiplies
 every group's time and runs, and ``--blocks`` sets how many trials each group has (a quick
 look: ``--scale 0.2 --blocks 1``). The table is
-also written as ``bench.json`` in ``--out``, and each arm's stderr as ``logs/*.log``.
+also written as ``bench.json`` in ``--out`` (as each group ends), and each arm's stderr as
+``logs/<workload>-<block>-<arm>.log``.
 """
 
 from __future__ import annotations
@@ -79,14 +80,14 @@ GROUPS = (
 UNLIMITED = {"max_task_spans": "unlimited"}
 
 
-def arms_of(group: Group, *, logs: Path) -> list[rig.Arm]:
+def arms_of(group: Group, *, logs: Path, block: int = 0) -> list[rig.Arm]:
     ways = [("plain", "plain", {}), ("plain-again", "plain", {}), ("otel_graph", "otel_graph", {})]
     if group.unlimited:
         ways.append(("unlimited", "otel_graph", UNLIMITED))
     if group.tiny:
         ways.append(("profiler", "profiler", {}))
     return [rig.Arm(label, group.workload, way, options=options, pinned=group.pinned,
-                    log=logs / f"{group.workload}-{label}.log") for label, way, options in ways]
+                    log=logs / f"{group.workload}-{block + 1}-{label}.log") for label, way, options in ways]
 
 
 def ratio_of(trials: list[rig.Trial], measured: str, reference: str, what: str = "wall_s") -> stats.Ratio:
@@ -98,7 +99,8 @@ def row(name: str, trials: list[rig.Trial], measured: str, *, bar: float | None,
     """A table row: the wall ratio of ``measured`` to plain, its CPU ratio, its verdict."""
     wall, cpu = ratio_of(trials, measured, "plain"), ratio_of(trials, measured, "plain", "cpu_s")
     out: dict[str, Any] = {"workload": name, "bar": bar, "ratio": wall.ratio, "lo": wall.lo, "hi": wall.hi,
-                           "rounds": wall.rounds, "cpu_ratio": cpu.ratio, "cpu_lo": cpu.lo, "cpu_hi": cpu.hi}
+                           "rounds": wall.rounds, "spread": wall.spread, "cpu_ratio": cpu.ratio, "cpu_lo": cpu.lo,
+                           "cpu_hi": cpu.hi}
     if floor is not None:
         out["floor"] = floor
         out["verdict"] = stats.floor_verdict(wall, floor=floor)
@@ -136,8 +138,6 @@ def anchored(bar_row: dict[str, Any], trials: list[rig.Trial], group: Group) -> 
         bar_row["verdict"] = "yes"
         bar_row.pop("more_rounds", None)
         bar_row["detail"] += ", not above the Profiler"
-    elif bar_row["verdict"] == "no" and against.lo <= 1.0:
-        bar_row["verdict"] = "unresolved"
     return bar_row
 
 
@@ -167,14 +167,16 @@ def main() -> None:
             continue
         runs, blocks = max(2, round(group.runs * args.scale)), args.blocks or group.blocks
         seconds = group.seconds * args.scale / blocks
-        trials = [rig.interleave(arms_of(group, logs=args.out / "logs"), runs=runs, seconds=seconds, seed=block,
-                                 progress=f"{group.workload} {block + 1}/{blocks}") for block in range(blocks)]
+        trials = [rig.interleave(arms_of(group, logs=args.out / "logs", block=block), runs=runs, seconds=seconds,
+                                 seed=block, progress=f"{group.workload} {block + 1}/{blocks}")
+                  for block in range(blocks)]
         rows.extend(group_rows(group, trials))
         print(f"{group.workload}: {sum(t.seconds for t in trials):.0f} s", file=sys.stderr)
+        # Written as each group ends: an interrupted run keeps the rows it measured.
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "bench.json").write_text(json.dumps(rows, indent=2))
     print(table.table(rows))
     print(f"\n{time.perf_counter() - began:.0f} s in all", file=sys.stderr)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bench.json").write_text(json.dumps(rows, indent=2))
 
 
 if __name__ == "__main__":

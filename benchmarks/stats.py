@@ -6,13 +6,16 @@ arms is the **trimmed mean of the rounds' ratios**: the mean of the middle 60% o
 as steady as the mean on well-behaved rounds and, like the median, deaf to the odd round
 a neighbour's load spoiled. Its interval is a **percentile bootstrap over rounds**: the
 rounds are drawn again with replacement, many times, and the trimmed mean taken each time;
-the interval holds the middle 95% of those.
+the interval holds the middle 95% of those. Rounds are drawn in runs of ``CHUNK`` neighbours
+(a circular block bootstrap), since neighbouring rounds are not independent: a run of the
+reference arm overlaps two runs of the measured one, and is in both their rounds.
 
 A ratio is judged against its bar by where its interval lies: ``yes`` when the whole
 interval is at or under the bar, ``no`` when the whole interval is above it, ``unresolved``
 when the bar falls inside. An unresolved ratio's interval narrows about as one over the
 square root of the rounds, which :func:`rounds_to_resolve` uses to say how many rounds
-would separate it from the bar.
+would separate it from the bar. An A/A ratio (an arm against its twin) is judged against
+its target instead: ``yes`` when the whole interval lies within 1 ± the target.
 
 >>> r = paired([1.10, 1.12, 1.08, 1.11, 1.09] * 4, [1.0] * 20)
 >>> round(r.ratio, 3), r.lo <= r.ratio <= r.hi, verdict(r, bar=1.25)
@@ -30,16 +33,19 @@ import numpy as np
 LEVEL = 0.95
 RESAMPLES = 10_000
 TRIM = 0.2  # the share of rounds left out at each end
+CHUNK = 2  # neighbouring rounds drawn together
 
 
 @dataclass(frozen=True)
 class Ratio:
-    """A paired ratio with its interval, over ``rounds`` rounds."""
+    """A paired ratio with its interval, over ``rounds`` rounds whose ratios have a standard
+    deviation of ``spread``."""
 
     ratio: float
     lo: float
     hi: float
     rounds: int
+    spread: float = math.nan
 
     @property
     def half_width(self) -> float:
@@ -64,8 +70,9 @@ def paired_blocks(blocks: Sequence[tuple[Sequence[float], Sequence[float]]], *, 
 
     Two processes of one program can differ in speed by a percent or two for good (where
     their memory landed), so rounds of one block are not independent of each other. The
-    bootstrap draws blocks with replacement, then rounds within each drawn block, so that
-    the interval widens by however much the blocks disagree.
+    bootstrap draws blocks with replacement, then rounds within each drawn block (in
+    ``CHUNK``s of neighbours, the block's rounds taken as a circle), so that the interval
+    widens by however much the blocks disagree.
     """
     ratios = []
     for new, old in blocks:
@@ -78,11 +85,19 @@ def paired_blocks(blocks: Sequence[tuple[Sequence[float], Sequence[float]]], *, 
     drawn = []
     for blocks_drawn in rng.integers(0, len(ratios), size=(RESAMPLES, len(ratios))):
         picked = [ratios[0]] if len(ratios) == 1 else [ratios[b] for b in blocks_drawn]
-        drawn.append(trimmed_mean(np.concatenate([r[rng.integers(0, len(r), size=len(r))] for r in picked])))
+        drawn.append(trimmed_mean(np.concatenate([r[_chunked(len(r), rng)] for r in picked])))
     tail = (1 - LEVEL) / 2 * 100
     lo, hi = np.percentile(drawn, [tail, 100 - tail])
     pooled = np.concatenate(ratios)
-    return Ratio(float(trimmed_mean(pooled)), float(lo), float(hi), len(pooled))
+    return Ratio(float(trimmed_mean(pooled)), float(lo), float(hi), len(pooled), float(np.std(pooled, ddof=1)))
+
+
+def _chunked(n: int, rng: np.random.Generator) -> np.ndarray:
+    """Indices of ``n`` rounds drawn again in runs of ``CHUNK`` neighbours, wrapping at the end
+    (one by one where there are too few rounds for two runs: a single run would be all of them)."""
+    chunk = CHUNK if n >= 2 * CHUNK else 1
+    starts = rng.integers(0, n, size=-(-n // chunk))
+    return ((starts[:, None] + np.arange(chunk)) % n).ravel()[:n]
 
 
 def verdict(ratio: Ratio, *, bar: float) -> str:
@@ -95,9 +110,10 @@ def verdict(ratio: Ratio, *, bar: float) -> str:
 
 
 def floor_verdict(ratio: Ratio, *, floor: float) -> str:
-    """An A/A ratio's verdict: ``yes`` when its interval is at most ± ``floor`` wide (what
-    the trial can resolve) and holds 1 (the two sides alike, as they should be)."""
-    return "yes" if (ratio.hi - ratio.lo) / 2 <= floor and ratio.lo <= 1 <= ratio.hi else "no"
+    """An A/A ratio's verdict: ``yes`` when its whole interval lies within ``1 ± floor``,
+    so the trial tells the two sides apart to within ``floor``; ``no`` otherwise, whether
+    the interval is too wide or sits off 1 (the two sides' processes not alike)."""
+    return "yes" if 1 - floor <= ratio.lo and ratio.hi <= 1 + floor else "no"
 
 
 def rounds_to_resolve(ratio: Ratio, *, bar: float) -> int | None:
