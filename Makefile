@@ -175,4 +175,4 @@ demo: $(STAMP)
 
 clean:
 	rm -rf $(VENV) $(LATEST_VENV) $(OLDEST_VENV) $(OLDEST_LOCAL_VENV) $(PEER_VENV) .tools .pytest_cache .mypy_cache .ruff_cache otel-graph-out docs/_build benchmarks/out
-	git worktree prune
+	-git worktree prune

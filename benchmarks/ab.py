@@ -52,6 +52,11 @@ def git(*args: str, cwd: Path = ROOT) -> str:
     return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
 
 
+def failed(what: str, error: subprocess.CalledProcessError) -> SystemExit:
+    said = (error.stderr or "").strip() if isinstance(error.stderr, str) else ""
+    return SystemExit(f"bench-ab: {what} failed ({error.returncode})" + (f":\n{said}" if said else ""))
+
+
 def old_tree(rev: str, *, uv: str, python: str, trees: Path) -> Path:
     """The interpreter of ``rev``'s own venv, in a worktree of its own, built from its lock."""
     try:
@@ -61,20 +66,28 @@ def old_tree(rev: str, *, uv: str, python: str, trees: Path) -> Path:
     tree = trees / commit
     if not (tree / ".git").exists():
         trees.mkdir(parents=True, exist_ok=True)
-        git("worktree", "add", "--detach", "--force", str(tree), commit)
+        try:
+            git("worktree", "add", "--detach", "--force", str(tree), commit)
+        except subprocess.CalledProcessError as error:
+            raise failed(f"git worktree add of {rev} at {tree}", error) from None
     venv = tree / ".venv"
     stamp = venv / ".installed-lock"
     if not stamp.exists():
         print(f"bench-ab: building {rev} ({commit[:12]})'s venv from its uv.lock", file=sys.stderr)
         env = {**os.environ, "UV_PROJECT_ENVIRONMENT": str(venv), "UV_PYTHON_DOWNLOADS": "never"}
-        subprocess.run([uv, "sync", "--locked", "--all-extras", "--python", python, "-q"], cwd=tree, env=env,
-                       check=True)
+        try:
+            subprocess.run([uv, "sync", "--locked", "--all-extras", "--python", python, "-q"], cwd=tree, env=env,
+                           check=True, stderr=subprocess.PIPE, text=True)
+        except FileNotFoundError:
+            raise SystemExit(f"bench-ab: no uv at {uv!r} (make venv bootstraps one)") from None
+        except subprocess.CalledProcessError as error:
+            raise failed(f"uv sync of {rev}'s lock in {tree}", error) from None
         stamp.touch()
     return venv / "bin" / "python"
 
 
 def ab_row(name: str, *, old_python: Path, scale: float, blocks: int | None, logs: Path,
-           origins: dict[str, str | None]) -> dict[str, Any]:
+           origins: dict[str, dict[str, Any]]) -> dict[str, Any]:
     workload, options = ROWS[name]
     group = next(g for g in GROUPS if g.workload == workload)
     runs, blocks = max(2, round(group.runs * scale)), blocks or group.blocks
@@ -82,11 +95,11 @@ def ab_row(name: str, *, old_python: Path, scale: float, blocks: int | None, log
     trials = []
     for block in range(blocks):
         arms = [rig.Arm(label, workload, "otel_graph", options=options, python=str(python), pinned=group.pinned,
-                        log=logs / f"ab-{name}-{label}.log")
+                        log=logs / f"ab-{name}-{block + 1}-{label}.log")
                 for label, python in (("old", old_python), ("new", Path(sys.executable)))]
         trials.append(rig.interleave(arms, runs=runs, seconds=seconds, seed=block,
                                      progress=f"{name} {block + 1}/{blocks}"))
-        origins.update({arm.label: arm.origin.get("otel_graph") for arm in arms})
+        origins.update({arm.label: arm.origin for arm in arms})
     wall = stats.paired_blocks([rig.paired(t, "new", "old") for t in trials])
     cpu = stats.paired_blocks([rig.paired(t, "new", "old", "cpu_s") for t in trials])
     return {"workload": name, "ratio": wall.ratio, "lo": wall.lo, "hi": wall.hi, "rounds": wall.rounds,
@@ -108,17 +121,23 @@ def main() -> None:
     if unknown or not names:
         raise SystemExit(f"bench-ab: unknown rows {', '.join(unknown) or '(none given)'}; "
                          f"the rows are {', '.join(ROWS)}")
-    # A path relative to here (as make passes it) would miss from the worktree uv runs in.
-    uv = str(Path(args.uv).absolute()) if os.sep in args.uv else args.uv
-    old_python = old_tree(args.old, uv=uv, python=args.python, trees=args.out / "trees")
+    # A path relative to here (as make passes it) would miss from the worktree uv runs in;
+    # a bare name is looked up on PATH.
+    uv, python = (str(Path(p).absolute()) if os.sep in p else p for p in (args.uv, args.python))
+    out = args.out.absolute()
+    old_python = old_tree(args.old, uv=uv, python=python, trees=out / "trees")
     rig.pin_controller()
-    origins: dict[str, str | None] = {}
-    rows = [ab_row(name, old_python=old_python, scale=args.scale, blocks=args.blocks, logs=args.out / "logs",
+    origins: dict[str, dict[str, Any]] = {}
+    rows = [ab_row(name, old_python=old_python, scale=args.scale, blocks=args.blocks, logs=out / "logs",
                    origins=origins) for name in names]
-    print(f"new: this tree (otel_graph from {origins['new']}); old: {args.old} (from {origins['old']})")
+    print(f"new: this tree (otel_graph from {origins['new'].get('otel_graph')}); "
+          f"old: {args.old} (from {origins['old'].get('otel_graph')})")
+    for label in ("new", "old"):
+        found = origins[label].get("versions") or {}
+        print(f"{label}: " + ", ".join(f"{name} {version or '(none)'}" for name, version in found.items()))
     print(table.ab_table(rows))
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "ab.json").write_text(json.dumps(rows, indent=2))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "ab.json").write_text(json.dumps(rows, indent=2))
 
 
 if __name__ == "__main__":

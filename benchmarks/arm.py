@@ -38,6 +38,7 @@ Dask are imported here, so the arm runs under any tree's environment.
 from __future__ import annotations
 
 import gc
+import importlib.metadata
 import json
 import os
 import select
@@ -95,6 +96,20 @@ def stop_asked() -> bool:
     return True
 
 
+#: The packages whose versions an A/B prints for each tree.
+PACKAGES = ("dask", "distributed", "numpy", "opentelemetry-sdk", "grpcio", "protobuf")
+
+
+def versions() -> dict[str, str | None]:
+    found: dict[str, str | None] = {}
+    for name in PACKAGES:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
 def main() -> None:
     spec = json.loads(sys.argv[1])
     # The pipe to the controller is this process's own: anything else written to stdout
@@ -109,7 +124,8 @@ def main() -> None:
     after()
     otel_graph = sys.modules.get("otel_graph")
     channel.write(json.dumps({"ready": {"python": sys.executable,
-                                        "otel_graph": getattr(otel_graph, "__file__", None)}}) + "\n")
+                                        "otel_graph": getattr(otel_graph, "__file__", None),
+                                        "versions": versions()}}) + "\n")
     if sys.stdin.readline().strip() != "go":
         raise SystemExit("arm: expected go")
     runs = 0

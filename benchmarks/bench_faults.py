@@ -468,6 +468,8 @@ def main() -> None:
         return app(args.app, tasks=args.tasks, naps=args.naps, instrumented=args.instrumented)
     if args.quick:
         args.repeat, args.tasks, args.naps = 1, 20_000, 500
+    if args.repeat < 1:
+        parser.error(f"--repeat {args.repeat}: at least 1 round (2 or more for intervals)")
 
     def chosen(name: str) -> bool:
         return not args.only or args.only in name

@@ -122,6 +122,8 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=100_000)
     parser.add_argument("--json")
     args = parser.parse_args()
+    if args.repeat < 2:
+        parser.error(f"--repeat {args.repeat}: an interval needs at least 2 rounds")
     base = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "NVTX_"))}
     base.update(OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none",
                 PYTHONPATH=os.pathsep.join([str(ROOT), base.get("PYTHONPATH", "")]))

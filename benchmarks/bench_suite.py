@@ -45,6 +45,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs of the suite, each way")
     parser.add_argument("--json", help="write the row here")
     args = parser.parse_args()
+    if args.repeat < 2:
+        parser.error(f"--repeat {args.repeat}: an interval needs at least 2 rounds")
     receiver = Receiver()
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     # test_binary_operator_delegation needs pytest-mock, which otel_graph's test set does not install;

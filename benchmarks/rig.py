@@ -24,6 +24,7 @@ runs exactly when its arm does, and never in the arm's process, whose CPU time i
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
 import json
 import math
@@ -106,8 +107,13 @@ class LineProcess:
         return self._stdout.readline().strip()
 
     def close(self) -> None:
-        self._stdin.close()
+        """Close its input, which ends it, and reap it; again, or once it was killed, harmless."""
+        if self._stdin.closed:
+            return
+        with contextlib.suppress(OSError):
+            self._stdin.close()
         self._proc.wait(30)
+        self._stdout.close()
 
 
 class Receiver(LineProcess):
@@ -164,7 +170,7 @@ class Arm:
     completed: int | None = field(default=None, repr=False)  # runs done, as the arm said at its end
     delivered: dict[str, int] = field(default_factory=dict, repr=False)  # spans its receiver got, by name
     windows: list[tuple[float, float]] = field(default_factory=list, repr=False)
-    origin: dict[str, str | None] = field(default_factory=dict, repr=False)  # its python, its otel_graph
+    origin: dict[str, Any] = field(default_factory=dict, repr=False)  # its python, otel_graph, versions
     _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     _group: int = 0
     _pending: bytes = b""
@@ -238,8 +244,7 @@ class Arm:
     def _finish(self) -> None:
         assert self._proc is not None
         self.resume()
-        code = self._proc.wait(120)
-        self._proc = None
+        code = self._release(120)
         if self.receiver is not None:
             self.delivered = self.receiver.take().get(self.label, {})
             self.receiver.close()
@@ -247,10 +252,24 @@ class Arm:
             raise SystemExit(f"arm {self.label} ended with {code}: see {self.log}")
 
     def kill(self) -> None:
+        """Kill the arm's process group (its receiver too), and reap and close what was left."""
         if self._proc is not None:
-            os.killpg(self._group, signal.SIGKILL)
-            self._proc.wait()
-            self._proc = None
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._group, signal.SIGKILL)
+            self._release(None)
+        if self.receiver is not None:
+            self.receiver.close()
+
+    def _release(self, timeout: float | None) -> int:
+        """Reap the arm's process and close its pipes; its exit code."""
+        assert self._proc is not None
+        code = self._proc.wait(timeout)
+        for pipe in (self._proc.stdin, self._proc.stdout):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+        self._proc = None
+        return code
 
 
 @dataclass
