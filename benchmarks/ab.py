@@ -53,7 +53,7 @@ def git(*args: str, cwd: Path = ROOT) -> str:
 
 
 def failed(what: str, error: subprocess.CalledProcessError) -> SystemExit:
-    said = (error.stderr or "").strip() if isinstance(error.stderr, str) else ""
+    said = "\n".join((error.stderr or "").strip().splitlines()[-40:]) if isinstance(error.stderr, str) else ""
     return SystemExit(f"bench-ab: {what} failed ({error.returncode})" + (f":\n{said}" if said else ""))
 
 
@@ -90,8 +90,7 @@ def ab_row(name: str, *, old_python: Path, scale: float, blocks: int | None, log
            origins: dict[str, dict[str, Any]]) -> dict[str, Any]:
     workload, options = ROWS[name]
     group = next(g for g in GROUPS if g.workload == workload)
-    runs, blocks = max(2, round(group.runs * scale)), blocks or group.blocks
-    seconds = group.seconds * scale / blocks
+    blocks, seconds, runs = group.plan(scale=scale, blocks=blocks)
     trials = []
     for block in range(blocks):
         arms = [rig.Arm(label, workload, "otel_graph", options=options, python=str(python), pinned=group.pinned,
@@ -110,12 +109,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--old", required=True, help="the git revision to compare this tree with")
     parser.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, of: {', '.join(ROWS)}")
-    parser.add_argument("--scale", type=float, default=1.0, help="multiply every row's time and runs by this")
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply every row's time (and blocks) by this")
     parser.add_argument("--blocks", type=int, help="trials of each row, in place of make bench's")
     parser.add_argument("--uv", required=True, help="the uv that builds the old tree's venv")
     parser.add_argument("--python", required=True, help="the interpreter the old tree's venv is made with")
     parser.add_argument("--out", type=Path, default=HERE / "out", help="where ab.json, the logs and trees go")
     args = parser.parse_args()
+    if args.scale <= 0 or (args.blocks is not None and args.blocks < 1):
+        parser.error("--scale must be above 0 and --blocks at least 1")
     names = [name.strip() for name in args.rows.split(",") if name.strip()]
     unknown = [name for name in names if name not in ROWS]
     if unknown or not names:

@@ -1,15 +1,14 @@
 """What otel_graph costs, as ratios with 95% intervals: the table ``make bench`` prints.
 
-Each group below is one interleaved trial (:mod:`rig`) of one workload (:mod:`workloads`):
-a plain arm, a second plain arm, otel_graph's arms and, for the tiny workloads,
-``dask.diagnostics.Profiler``'s, all taking turns on one core. Every row is a ratio of two
-of those arms over paired rounds, with its interval and verdict (:mod:`stats`), beside the
-same ratio of CPU time:
+Each group below is a few interleaved trials (:mod:`rig`), its *blocks*, of one workload
+(:mod:`workloads`): in each, a plain arm, a second plain arm, otel_graph's arms and, for the
+tiny workloads, ``dask.diagnostics.Profiler``'s, all taking turns on one core. Every row is
+a ratio of two of those arms over paired rounds, with its interval and verdict
+(:mod:`stats`), beside the same ratio of CPU time:
 
 * ``A/A <workload>``: the second plain arm against the first: the same configuration
-  against itself, so its interval is the floor of what the trial can resolve. It holds
-  when its interval is at most ± its target wide and holds 1 (the two arms' processes
-  alike: :mod:`rig`).
+  against itself, so its interval is the floor of what the trials can resolve. It holds
+  when its whole interval lies within 1 ± its target.
 * ``<workload>``: otel_graph against plain, judged against the row's bar.
 * ``<workload>, Profiler``: the anchor, ``dask.diagnostics.Profiler`` against plain. A tiny
   row also holds when otel_graph is not measurably slower than the Profiler (the
@@ -22,10 +21,11 @@ Usage::
 Each group takes turns for a set time (its ``seconds``, split among its blocks; about 23
 minutes in all, with the arms' start-ups), with a few runs at least: on a faster machine,
 more rounds fill it; on a slower one, fewer, and wider intervals. ``--scale`` multiplies
-every group's time and runs, and ``--blocks`` sets how many trials each group has (a quick
-look: ``--scale 0.2 --blocks 1``). The table is
-also written as ``bench.json`` in ``--out`` (as each group ends), and each arm's stderr as
-``logs/<workload>-<block>-<arm>.log``.
+every group's time, in more (or fewer) blocks, and ``--blocks`` sets how many trials each
+group has (a quick look: ``--scale 0.2 --blocks 1``). The table is
+also written as ``bench.json`` in ``--out`` (as each group ends), each group's runs as
+``runs-<workload>.json`` (every block's arms, their runs and the kept stretch: rounds can be
+paired again from them), and each arm's stderr as ``logs/<workload>-<block>-<arm>.log``.
 """
 
 from __future__ import annotations
@@ -69,13 +69,28 @@ class Group:
     def tiny(self) -> bool:
         return self.workload in TINY_BARS
 
+    def plan(self, *, scale: float = 1.0, blocks: int | None = None) -> tuple[int, float, int]:
+        """Its trials for a ``--scale`` and ``--blocks``: how many, each one's seconds, and
+        each one's runs at least.
 
+        Scaled up, a group gets more blocks of the same length, since its interval is bound
+        by how far its blocks' processes differ, more than by its rounds; scaled down, fewer
+        blocks (one at least), with 2 runs at least.
+        """
+        count = blocks or max(1, round(self.blocks * scale))
+        runs = max(2, round(self.runs * min(scale, 1.0)))
+        return count, self.seconds * scale / count, runs
+
+
+#: Rounds within one block agree closely (their ratios' spread is 0.5-1.5%), but two blocks'
+#: processes can differ by a percent or so for good (tiny-array-200's most), so the time goes
+#: to many short blocks; sync-100k's runs are long enough that its blocks keep 2 at least.
 GROUPS = (
-    Group("sync-100k", blocks=2, seconds=280, runs=3, floor=0.01, bar=1.25, unlimited=True),
-    Group("threads-2k", blocks=3, seconds=50, runs=3, floor=0.02, bar=1.03),
-    Group("tiny-sync-2k", blocks=3, seconds=440, runs=3, floor=0.01, bar=TINY_BARS["tiny-sync-2k"]),
-    Group("tiny-array-200", blocks=3, seconds=240, runs=3, floor=0.01, bar=TINY_BARS["tiny-array-200"]),
-    Group("distributed-5k", blocks=3, seconds=300, runs=2, floor=0.02, bar=1.10, pinned=False),
+    Group("sync-100k", blocks=4, seconds=300, runs=2, floor=0.01, bar=1.25, unlimited=True),
+    Group("threads-2k", blocks=4, seconds=50, runs=3, floor=0.02, bar=1.03),
+    Group("tiny-sync-2k", blocks=4, seconds=300, runs=3, floor=0.01, bar=TINY_BARS["tiny-sync-2k"]),
+    Group("tiny-array-200", blocks=10, seconds=270, runs=3, floor=0.01, bar=TINY_BARS["tiny-array-200"]),
+    Group("distributed-5k", blocks=4, seconds=300, runs=2, floor=0.02, bar=1.10, pinned=False),
 )
 UNLIMITED = {"max_task_spans": "unlimited"}
 
@@ -98,9 +113,10 @@ def row(name: str, trials: list[rig.Trial], measured: str, *, bar: float | None,
         detail: str = "") -> dict[str, Any]:
     """A table row: the wall ratio of ``measured`` to plain, its CPU ratio, its verdict."""
     wall, cpu = ratio_of(trials, measured, "plain"), ratio_of(trials, measured, "plain", "cpu_s")
+    each = [stats.point(*rig.paired(trial, measured, "plain")) for trial in trials]
     out: dict[str, Any] = {"workload": name, "bar": bar, "ratio": wall.ratio, "lo": wall.lo, "hi": wall.hi,
-                           "rounds": wall.rounds, "spread": wall.spread, "cpu_ratio": cpu.ratio, "cpu_lo": cpu.lo,
-                           "cpu_hi": cpu.hi}
+                           "rounds": wall.rounds, "spread": wall.spread, "block_ratios": each, "cpu_ratio": cpu.ratio,
+                           "cpu_lo": cpu.lo, "cpu_hi": cpu.hi}
     if floor is not None:
         out["floor"] = floor
         out["verdict"] = stats.floor_verdict(wall, floor=floor)
@@ -155,18 +171,19 @@ def delivered(arms: list[rig.Arm]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", help="run only the groups whose workload contains this")
-    parser.add_argument("--scale", type=float, default=1.0, help="multiply every group's time and runs by this")
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply every group's time (and blocks) by this")
     parser.add_argument("--blocks", type=int, help="trials of each group, in place of each group's own")
     parser.add_argument("--out", type=Path, default=OUT, help="where bench.json and the arms' logs go")
     args = parser.parse_args()
+    if args.scale <= 0 or (args.blocks is not None and args.blocks < 1):
+        parser.error("--scale must be above 0 and --blocks at least 1")
     rig.pin_controller()
     began = time.perf_counter()
     rows: list[dict[str, Any]] = []
     for group in GROUPS:
         if args.only and args.only not in group.workload:
             continue
-        runs, blocks = max(2, round(group.runs * args.scale)), args.blocks or group.blocks
-        seconds = group.seconds * args.scale / blocks
+        blocks, seconds, runs = group.plan(scale=args.scale, blocks=args.blocks)
         trials = [rig.interleave(arms_of(group, logs=args.out / "logs", block=block), runs=runs, seconds=seconds,
                                  seed=block, progress=f"{group.workload} {block + 1}/{blocks}")
                   for block in range(blocks)]
@@ -175,6 +192,7 @@ def main() -> None:
         # Written as each group ends: an interrupted run keeps the rows it measured.
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "bench.json").write_text(json.dumps(rows, indent=2))
+        (args.out / f"runs-{group.workload}.json").write_text(json.dumps([rig.raw(trial) for trial in trials]))
     print(table.table(rows))
     print(f"\n{time.perf_counter() - began:.0f} s in all", file=sys.stderr)
 

@@ -78,7 +78,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 import stats  # noqa: E402
-from rig import LineProcess  # noqa: E402
+from children import LineProcess  # noqa: E402
 
 SCENARIOS = ("plain", "healthy", "down", "hung", "slow", "flap", "back-late")
 WORKLOADS = ("sync-100k", "threads-2k")

@@ -48,7 +48,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(HERE), str(ROOT / "tests")]
 
-from rig import LineProcess  # noqa: E402
+from children import LineProcess  # noqa: E402
 
 BUDGET = 1000  # OTEL_GRAPH_MAX_TASK_SPANS' default, left unset in the children
 

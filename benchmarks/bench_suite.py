@@ -31,7 +31,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 import stats  # noqa: E402
-from rig import Receiver  # noqa: E402
+from children import Receiver  # noqa: E402
 
 BAR = 1.10
 #: The dask test modules: the local schedulers, delayed, bag, array core.

@@ -16,7 +16,7 @@ they overlap), and the pairs go to :mod:`stats`. Only runs that lie between ever
 first turn and the moment every arm had done its runs are kept; each arm warmed up before
 its first turn (:mod:`arm`).
 
-Each instrumented arm exports over OTLP/gRPC to a :class:`Receiver` of its own
+Each instrumented arm exports over OTLP/gRPC to a :class:`children.Receiver` of its own
 (``tests/otlp_receiver.py``, decoding for real), in the arm's process group, so that it
 runs exactly when its arm does, and never in the arm's process, whose CPU time is counted.
 """
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import functools
 import json
 import math
 import os
@@ -37,13 +36,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from children import Receiver, in_group
+
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
 #: Every arm's process laid out alike: no address-space randomisation (where setarch can turn
 #: it off); with one hash seed, set in Arm.start(), two arms of one tree are the same process.
 SAME_LAYOUT = ["setarch", platform.machine(), "-R"] if shutil.which("setarch") else []
@@ -55,84 +55,10 @@ ARM_CPU = _CPUS[-1] if len(_CPUS) > 1 else None
 ON_ARM_CPU = ["taskset", "-c", str(ARM_CPU)] if ARM_CPU is not None and shutil.which("taskset") else []
 
 
-def in_group(group: int) -> Callable[[], None]:
-    """For ``Popen(preexec_fn=...)``: the child joins process group ``group`` (0: its own).
-    (Popen's ``process_group`` does the same from Python 3.11 on.) The controller starts
-    its children from one thread, so the hook runs safely."""
-    return functools.partial(os.setpgid, 0, group)
-
-
 def pin_controller() -> None:
     """Keep this process, and the receivers it starts, off the arms' core."""
     if ON_ARM_CPU:
         os.sched_setaffinity(0, set(_CPUS[:-1]))
-
-
-RECEIVER = """
-import collections, json, sys
-sys.path.insert(0, {tests!r})
-from otlp_receiver import OtlpReceiver
-with OtlpReceiver() as receiver:
-    print(receiver.grpc_endpoint, flush=True)
-    for line in sys.stdin:
-        if line.strip() != "take":
-            break
-        counts = collections.Counter()
-        for received in receiver.requests("traces"):
-            for resource_spans in received.request.resource_spans:
-                service = next((a.value.string_value for a in resource_spans.resource.attributes
-                                if a.key == "service.name"), "")
-                for scope_spans in resource_spans.scope_spans:
-                    for span in scope_spans.spans:
-                        counts[service, span.name] += 1
-        receiver.clear()
-        print(json.dumps([[service, name, n] for (service, name), n in counts.items()]), flush=True)
-"""
-
-
-class LineProcess:
-    """A child process that answers one line for each line it is sent; its first line,
-    written as it starts, is kept as ``first``."""
-
-    def __init__(self, argv: list[str], **popen: Any) -> None:
-        self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, **popen)
-        assert self._proc.stdin is not None and self._proc.stdout is not None
-        self._stdin, self._stdout = self._proc.stdin, self._proc.stdout
-        self.pid = self._proc.pid
-        self.first = self._stdout.readline().strip()
-
-    def ask(self, command: str) -> str:
-        self._stdin.write(command + "\n")
-        self._stdin.flush()
-        return self._stdout.readline().strip()
-
-    def close(self) -> None:
-        """Close its input, which ends it, and reap it; again, or once it was killed, harmless."""
-        if self._stdin.closed:
-            return
-        with contextlib.suppress(OSError):
-            self._stdin.close()
-        self._proc.wait(30)
-        self._stdout.close()
-
-
-class Receiver(LineProcess):
-    """An OTLP receiver in a child process, leading a process group of its own (see
-    :class:`Arm`); :meth:`take` counts and forgets what arrived."""
-
-    def __init__(self) -> None:
-        super().__init__([sys.executable, "-c", RECEIVER.format(tests=str(ROOT / "tests"))],
-                         preexec_fn=in_group(0))
-        self.endpoint = self.first
-        if not self.endpoint:
-            raise SystemExit("the benchmark's OTLP receiver did not start")
-
-    def take(self) -> dict[str, dict[str, int]]:
-        """Spans that arrived since the last take: ``{service: {span name: count}}``."""
-        counts: dict[str, dict[str, int]] = {}
-        for service, name, n in json.loads(self.ask("take")):
-            counts.setdefault(service, {})[name] = n
-        return counts
 
 
 @dataclass
@@ -374,6 +300,12 @@ def interleave(arms: Sequence[Arm], *, runs: int, seconds: float = 0.0, slice_s:
             run.wall_s = _running(arm.windows, run.start, run.end)
             run.compute_s = _running(arm.windows, run.start, run.computed)
     return Trial({arm.label: arm for arm in arms}, kept_from, kept_until, time.perf_counter() - began)
+
+
+def raw(trial: Trial) -> dict[str, Any]:
+    """The trial as plain data: the kept stretch, and each arm's runs."""
+    return {"kept_from": trial.kept_from, "kept_until": trial.kept_until,
+            "arms": {label: [vars(run) for run in arm.runs] for label, arm in trial.arms.items()}}
 
 
 def paired(trial: Trial, measured: str, reference: str, what: str = "wall_s") -> tuple[list[float], list[float]]:

@@ -38,8 +38,8 @@ CHUNK = 2  # neighbouring rounds drawn together
 
 @dataclass(frozen=True)
 class Ratio:
-    """A paired ratio with its interval, over ``rounds`` rounds whose ratios have a standard
-    deviation of ``spread``."""
+    """A paired ratio with its interval, over ``rounds`` rounds; ``spread`` is the standard
+    deviation of the rounds' ratios within a block (the root mean square over blocks)."""
 
     ratio: float
     lo: float
@@ -58,6 +58,11 @@ def trimmed_mean(values: np.ndarray) -> np.ndarray:
     ordered = np.sort(values, axis=-1)
     cut = int(ordered.shape[-1] * TRIM)
     return ordered[..., cut:ordered.shape[-1] - cut].mean(axis=-1)
+
+
+def point(new: Sequence[float], old: Sequence[float]) -> float:
+    """The trimmed mean of ``new[i] / old[i]``, without an interval (a block's own ratio)."""
+    return float(trimmed_mean(np.asarray(new, dtype=float) / np.asarray(old, dtype=float)))
 
 
 def paired(new: Sequence[float], old: Sequence[float], *, seed: int = 0) -> Ratio:
@@ -89,13 +94,15 @@ def paired_blocks(blocks: Sequence[tuple[Sequence[float], Sequence[float]]], *, 
     tail = (1 - LEVEL) / 2 * 100
     lo, hi = np.percentile(drawn, [tail, 100 - tail])
     pooled = np.concatenate(ratios)
-    return Ratio(float(trimmed_mean(pooled)), float(lo), float(hi), len(pooled), float(np.std(pooled, ddof=1)))
+    within = [float(np.var(r, ddof=1)) for r in ratios if len(r) > 1]
+    spread = math.sqrt(sum(within) / len(within)) if within else math.nan
+    return Ratio(float(trimmed_mean(pooled)), float(lo), float(hi), len(pooled), spread)
 
 
 def _chunked(n: int, rng: np.random.Generator) -> np.ndarray:
     """Indices of ``n`` rounds drawn again in runs of ``CHUNK`` neighbours, wrapping at the end
-    (one by one where there are too few rounds for two runs: a single run would be all of them)."""
-    chunk = CHUNK if n >= 2 * CHUNK else 1
+    (one by one where a single run would hold all of them)."""
+    chunk = CHUNK if n > CHUNK else 1
     starts = rng.integers(0, n, size=-(-n // chunk))
     return ((starts[:, None] + np.arange(chunk)) % n).ravel()[:n]
 

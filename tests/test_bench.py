@@ -22,6 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import bench  # noqa: E402
 import rig  # noqa: E402
 import stats  # noqa: E402
 
@@ -44,11 +45,15 @@ def test_an_a_a_row_holds_when_its_interval_lies_within_its_target() -> None:
     within = stats.Ratio(1.001, 0.992, 1.009, 20)
     off_one_side = stats.Ratio(1.004, 0.995, 1.012, 20)  # ±0.85% wide, but reaching past 1.01
     wide = stats.Ratio(1.0, 0.985, 1.016, 20)
-    assert [stats.floor_verdict(r, floor=0.01) for r in (within, off_one_side, wide)] == ["yes", "no", "no"]
+    # Off 1, but by less than the target: the trial tells the two apart only within ±1%.
+    near = stats.Ratio(1.005, 1.001, 1.009, 20)
+    assert [stats.floor_verdict(r, floor=0.01) for r in (within, off_one_side, wide, near)] == \
+        ["yes", "no", "no", "yes"]
 
 
 def test_the_module_s_example_holds() -> None:
-    assert doctest.testmod(stats).failed == 0
+    result = doctest.testmod(stats)
+    assert result.attempted > 0 and result.failed == 0
 
 
 def test_intervals_hold_the_true_ratio_about_95_times_in_100(fewer_resamples: None) -> None:
@@ -82,6 +87,21 @@ def test_blocks_that_disagree_widen_the_interval(fewer_resamples: None) -> None:
     narrow, wide = stats.paired_blocks(alike), stats.paired_blocks(apart)
     assert wide.hi - wide.lo > 2 * (narrow.hi - narrow.lo)
     assert narrow.lo <= 1.1 <= narrow.hi and wide.rounds == 30
+
+
+def test_a_block_s_own_ratio_and_the_spread_within_blocks() -> None:
+    blocks = [([1.01, 1.03, 1.02], [1.0] * 3), ([1.11, 1.13, 1.12], [1.0] * 3)]
+    assert [round(stats.point(*b), 6) for b in blocks] == [1.02, 1.12]
+    # 0.01 within each block, however far apart the blocks are.
+    assert stats.paired_blocks(blocks).spread == pytest.approx(0.01)
+
+
+def test_scaling_a_group_gives_it_more_blocks_of_the_same_length() -> None:
+    group = bench.Group("tiny-array-200", blocks=10, seconds=270, runs=3, floor=0.01, bar=1.10)
+    assert group.plan() == (10, 27.0, 3)
+    assert group.plan(scale=2) == (20, 27.0, 3)
+    assert group.plan(scale=0.01) == (1, 2.7, 2)
+    assert group.plan(scale=0.1, blocks=1) == (1, 27.0, 2)
 
 
 def test_unequal_rounds_are_refused() -> None:
