@@ -39,18 +39,15 @@ CHUNK = 2  # neighbouring rounds drawn together
 @dataclass(frozen=True)
 class Ratio:
     """A paired ratio with its interval, over ``rounds`` rounds; ``spread`` is the standard
-    deviation of the rounds' ratios within a block (the root mean square over blocks)."""
+    deviation of the rounds' ratios within a block (the root mean square over blocks), and
+    ``blocks`` each block's own ratio."""
 
     ratio: float
     lo: float
     hi: float
     rounds: int
     spread: float = math.nan
-
-    @property
-    def half_width(self) -> float:
-        """Half the interval's width, as a fraction of 1 (0.01 is ±1%)."""
-        return (self.hi - self.lo) / 2
+    blocks: tuple[float, ...] = ()
 
 
 def trimmed_mean(values: np.ndarray) -> np.ndarray:
@@ -58,11 +55,6 @@ def trimmed_mean(values: np.ndarray) -> np.ndarray:
     ordered = np.sort(values, axis=-1)
     cut = int(ordered.shape[-1] * TRIM)
     return ordered[..., cut:ordered.shape[-1] - cut].mean(axis=-1)
-
-
-def point(new: Sequence[float], old: Sequence[float]) -> float:
-    """The trimmed mean of ``new[i] / old[i]``, without an interval (a block's own ratio)."""
-    return float(trimmed_mean(np.asarray(new, dtype=float) / np.asarray(old, dtype=float)))
 
 
 def paired(new: Sequence[float], old: Sequence[float], *, seed: int = 0) -> Ratio:
@@ -96,7 +88,8 @@ def paired_blocks(blocks: Sequence[tuple[Sequence[float], Sequence[float]]], *, 
     pooled = np.concatenate(ratios)
     within = [float(np.var(r, ddof=1)) for r in ratios if len(r) > 1]
     spread = math.sqrt(sum(within) / len(within)) if within else math.nan
-    return Ratio(float(trimmed_mean(pooled)), float(lo), float(hi), len(pooled), spread)
+    return Ratio(float(trimmed_mean(pooled)), float(lo), float(hi), len(pooled), spread,
+                 tuple(float(trimmed_mean(r)) for r in ratios))
 
 
 def _chunked(n: int, rng: np.random.Generator) -> np.ndarray:

@@ -89,11 +89,11 @@ def test_blocks_that_disagree_widen_the_interval(fewer_resamples: None) -> None:
     assert narrow.lo <= 1.1 <= narrow.hi and wide.rounds == 30
 
 
-def test_a_block_s_own_ratio_and_the_spread_within_blocks() -> None:
-    blocks = [([1.01, 1.03, 1.02], [1.0] * 3), ([1.11, 1.13, 1.12], [1.0] * 3)]
-    assert [round(stats.point(*b), 6) for b in blocks] == [1.02, 1.12]
+def test_each_block_s_own_ratio_and_the_spread_within_blocks() -> None:
+    r = stats.paired_blocks([([1.01, 1.03, 1.02], [1.0] * 3), ([1.11, 1.13, 1.12], [1.0] * 3)])
+    assert [round(b, 6) for b in r.blocks] == [1.02, 1.12]
     # 0.01 within each block, however far apart the blocks are.
-    assert stats.paired_blocks(blocks).spread == pytest.approx(0.01)
+    assert r.spread == pytest.approx(0.01)
 
 
 def test_scaling_a_group_gives_it_more_blocks_of_the_same_length() -> None:
