@@ -49,6 +49,7 @@ OTEL_GRAPH_RESOURCES = "OTEL_GRAPH_RESOURCES"
 OTEL_GRAPH_GPU = "OTEL_GRAPH_GPU"
 OTEL_GRAPH_NVTX = "OTEL_GRAPH_NVTX"
 OTEL_GRAPH_FILE_DIR = "OTEL_GRAPH_FILE_DIR"
+OTEL_GRAPH_CLOCK = "OTEL_GRAPH_CLOCK"
 
 #: Exit waits this long for a collector making no progress. The bar is an exit within 2 s
 #: of the last compute, down or hung collector included; the interpreter's own teardown
@@ -80,6 +81,10 @@ OWN_VARIABLES: Mapping[str, str] = {
     OTEL_GRAPH_NVTX: "`true`/`false`: run each task inside an NVTX range named by its prefix, and each compute "
     "inside one too, for NVIDIA Nsight Systems (needs the `gpu` extra: `pip install 'otel-graph[gpu]'`). "
     "Nothing is done while no NVTX tool is attached to the process. Default false.",
+    OTEL_GRAPH_CLOCK: "`caller` (default): a dask.distributed worker places its spans on the timeline of the "
+    "process that made the trace's `dask.compute` span, correcting its clock by the offsets measured between "
+    "worker, scheduler and client (`dask.clock.correction` on its spans); `local`: each process keeps its own "
+    "clock. A worker with no `OTEL_*` variables of its own takes its client's.",
     OTEL_GRAPH_FILE_DIR: "Directory of `traces.jsonl` and `metrics.jsonl` (OTLP JSON lines) when "
     "OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER lists `otlp_file`. Default `otel-graph-out`.",
 }
@@ -119,6 +124,10 @@ STANDARD_VARIABLES: Mapping[str, str] = {
     "applied to every span otel_graph makes, task spans too (built without the SDK's `Span`), as the SDK "
     "applies them.",
     "OTEL_SDK_DISABLED": "`true`: Dask is left untouched (`true` or `false` only, as the SDK reads it).",
+    "TRACEPARENT": "A launcher's trace (a W3C `traceparent` value), read once when otel_graph is instrumented: "
+    "the parent of each `dask.compute` span begun with no current span. One that is not valid is ignored, "
+    "with one warning.",
+    "TRACESTATE": "The launcher's W3C `tracestate`, kept on those computes' spans with TRACEPARENT.",
 }
 
 #: The standard variables whose values otel_graph checks before the SDK reads them, and what
@@ -320,6 +329,8 @@ class Settings:
     resources: bool = True
     gpu: bool = True
     nvtx: bool = False
+    #: ``caller`` or ``local``: whose clock a worker's spans are placed on (:mod:`otel_graph.cluster.clock`).
+    clock: str = "caller"
     sdk_disabled: bool = False
     #: The exporters ``OTEL_TRACES_EXPORTER`` / ``OTEL_METRICS_EXPORTER`` name, in order;
     #: empty for ``none`` (see :func:`exporter_names`). Resolved when the SDK is built.
@@ -343,6 +354,7 @@ OPTIONS: Mapping[str, str] = {
     "resources": OTEL_GRAPH_RESOURCES,
     "gpu": OTEL_GRAPH_GPU,
     "nvtx": OTEL_GRAPH_NVTX,
+    "clock": OTEL_GRAPH_CLOCK,
 }
 
 
@@ -380,6 +392,7 @@ def load_settings(env: Mapping[str, str] | None = None, **options: Any) -> Setti
         resources=flag("resources", True),
         gpu=flag("gpu", True),
         nvtx=flag("nvtx", False),
+        clock=_clock(raw("clock")),
         sdk_disabled=parse_spec_bool("OTEL_SDK_DISABLED", env.get("OTEL_SDK_DISABLED", "false")),
         traces_exporters=exporter_names(env.get("OTEL_TRACES_EXPORTER")),
         metrics_exporters=exporter_names(env.get("OTEL_METRICS_EXPORTER")),
@@ -388,6 +401,19 @@ def load_settings(env: Mapping[str, str] | None = None, **options: Any) -> Setti
         prometheus_port=int(env.get("OTEL_EXPORTER_PROMETHEUS_PORT", "9464")),
         file_dir=env.get(OTEL_GRAPH_FILE_DIR, "").strip() or "otel-graph-out",
     )
+
+
+#: What OTEL_GRAPH_CLOCK accepts.
+CLOCKS = ("caller", "local")
+
+
+def _clock(value: Any) -> str:
+    if value is None:
+        return "caller"
+    clock = str(value).strip().lower()
+    if clock not in CLOCKS:
+        raise _invalid(OTEL_GRAPH_CLOCK, str(value), ", ".join(CLOCKS))
+    return clock
 
 
 def _early_drain(value: str | int | None) -> int | None:

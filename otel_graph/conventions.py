@@ -117,6 +117,12 @@ ATTRIBUTES: dict[str, Attribute] = {
     # A task's inputs and spills (dask.distributed)
     "dask.transfer.source": Attribute(_S, "The worker a `transfer` fetched inputs from."),
     "dask.transfer.bytes": Attribute(_I, "The bytes a `transfer` fetched."),
+    # One timeline per trace (dask.distributed)
+    "dask.clock.correction": Attribute(_D, "Seconds added to the worker's own clock to place the span on the "
+                                       "timeline of the trace's caller (the process of its `dask.compute` span): "
+                                       "the caller's clock minus the worker's, as measured. Absent with "
+                                       "`OTEL_GRAPH_CLOCK=local`."),
+    "dask.clock.uncertainty": Attribute(_D, "How far `dask.clock.correction` may be off, either way, in seconds."),
     # distributed's spans
     "dask.span.name": Attribute(_S, "The `distributed.span` tags from the outermost, joined by `/` (`etl/load`)."),
     "dask.span.id": Attribute(_S, "distributed's id of the span."),
@@ -151,6 +157,7 @@ _TASK = ("dask.task.key", "dask.task.prefix", "dask.worker.id", "thread.id", "da
          "dask.task.dependencies", "dask.task.dependency_count", "dask.task.dependent_count", "code.function.name",
          "error.type")
 _DURATIONS = ("dask.task.duration.sum", "dask.task.duration.mean")
+_CLOCK = ("dask.clock.correction", "dask.clock.uncertainty")
 
 SPANS: dict[str, Span] = {
     "compute": Span(
@@ -166,13 +173,13 @@ SPANS: dict[str, Span] = {
         "One per task within the span budget (`OTEL_GRAPH_MAX_TASK_SPANS` a compute; failed tasks always), timed "
         "where it ran. Named `(other prefixes)` past the process's first 2,000 prefixes (`dask.task.prefix` still "
         "exact). Status ERROR when the task failed.",
-        (*_TASK, "dask.worker.name", "dask.task.retries", "dask.task.attempt"), ("exception",)),
+        (*_TASK, "dask.worker.name", "dask.task.retries", "dask.task.attempt", *_CLOCK), ("exception",)),
     "aggregate": Span(
         "the task prefix",
         "The tasks of one prefix past the span budget (`OTEL_GRAPH_MAX_TASK_SPANS`), from the first's start to "
         "the last's end. Past a compute's first 100 prefixes, one named `(other prefixes)` stands for the rest.",
         ("dask.task.aggregate", "dask.task.prefix", "dask.task.count", *_DURATIONS, "dask.task.duration.min",
-         "dask.task.duration.max", "dask.task.nbytes", "dask.worker.id")),
+         "dask.task.duration.max", "dask.task.nbytes", "dask.worker.id", *_CLOCK)),
     "recovered": Span(
         "the task prefix",
         "The tasks of one prefix whose spans a lost worker took with it, rebuilt from the scheduler's records.",
@@ -267,6 +274,9 @@ METRICS: dict[str, Metric] = {
                                    ("dask.task.state", "dask.scheduler.address"), _DISTRIBUTED),
     "dask.scheduler.workers": Metric("gauge", "{worker}", "Workers connected to the scheduler.",
                                      ("dask.scheduler.address",), _DISTRIBUTED),
+    "dask.clock.offset": Metric("gauge", "s", "This process's clock minus its scheduler's, as measured: on a "
+                                "worker, by distributed at each heartbeat; on a client, by otel_graph's exchanges "
+                                "with the scheduler.", ("dask.scheduler.address",), _DISTRIBUTED),
     "dask.worker.memory.usage": Metric("gauge", "By",
                                        "Worker memory as the scheduler sees it: managed, unmanaged, spilled.",
                                        (*_BY_WORKER, "dask.memory.state"), _DISTRIBUTED),

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 # The apps are users' scripts that the tests run as subprocesses; importing one for its
 # doctests would run it (and needs what it imports, distributed included).
-collect_ignore = ["apps"]
+collect_ignore = ["apps", "skewed_clock"]  # the latter shifts the clock it is imported in
 
 #: For tests that need dask.distributed, an extra: skipped where it is not installed (the
 #: local schedulers are also tested on dask's floor without it, by `make test-oldest`).

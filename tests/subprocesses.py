@@ -5,7 +5,8 @@ variables, the interpreter's exit, worker processes of their own) runs an app in
 interpreter: :func:`run_app` runs one to its end and returns its :class:`Run`, whose
 :meth:`Run.value` reads what the app printed as ``LABEL value`` lines. :func:`otlp_env`
 is the environment that exports to a receiver (:mod:`otlp_receiver`); clusters started
-from the command line read their scheduler's address with :func:`wait_for_address`.
+from the command line read their scheduler's address with :func:`wait_for_address`, and
+are stopped with :func:`stop_all`.
 
 >>> run = Run(stdout="RESULT 55\\nFLUSHED True\\n", stderr="", returncode=0)
 >>> run.value("RESULT"), run.value("FLUSHED")
@@ -86,3 +87,16 @@ def wait_for_address(path: Path, proc: subprocess.Popen, timeout_s: float = 60) 
         except (FileNotFoundError, ValueError, KeyError):
             time.sleep(0.05)  # the CLI's only readiness signal is this file appearing
     raise AssertionError("scheduler did not start")
+
+
+def stop_all(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM to each (the last started first), as an operator stops a cluster; killed past 30 s."""
+    import signal
+
+    for proc in reversed(procs):
+        proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import signal
 import subprocess
 import sys
 from functools import partial
@@ -20,7 +19,7 @@ import pytest
 
 import subprocesses
 from otlp_receiver import OtlpReceiver
-from subprocesses import wait_for_address, without_otel
+from subprocesses import stop_all, wait_for_address, without_otel
 
 pytest.importorskip("distributed")
 
@@ -381,13 +380,7 @@ def external_cluster(tmp_path):
 
     start.logs = logs  # type: ignore[attr-defined]
     yield start
-    for proc in reversed(procs):
-        proc.send_signal(signal.SIGTERM)
-    for proc in procs:
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    stop_all(procs)
 
 
 @pytest.mark.slow

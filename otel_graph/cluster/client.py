@@ -33,6 +33,7 @@ import contextvars
 import functools
 import inspect
 import logging
+import time
 from concurrent.futures import CancelledError
 from typing import Any
 
@@ -145,6 +146,7 @@ class ClusterCapture(ClusterMembership):
                 # scheduler without our plugin would close the stream on an unknown op.
                 if adapter.scheduler_stream(client) is stream:
                     try:
+                        message["sent"] = time.time()
                         stream.send(message)
                     except Exception:  # the stream broke: so does the graph's, which distributed says
                         self.unannounced += 1
@@ -192,7 +194,7 @@ class ClusterCapture(ClusterMembership):
             budget = self._settings.max_task_spans
             if budget is not None:
                 budget = -(-budget // adapter.client_worker_count(client))
-            note = make_note(record.span.get_span_context(), budget=budget)
+            note = make_note(record.span.get_span_context(), budget=budget, clock=self.clock_for_note(client))
         except Exception:
             if record is not None:
                 self._tracker.end(record, None)

@@ -32,7 +32,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from otel_graph.cluster import adapter
-from otel_graph.cluster.propagation import COMPUTE_OP, parent_span
+from otel_graph.cluster.clock import Clocks, observe_offsets
+from otel_graph.cluster.propagation import COMPUTE_OP, clock_of, current_task_note, parent_span
 from otel_graph.cluster.scheduler import TOPIC, SchedulerTelemetryPlugin, contexts_read, join_cluster, leave_cluster
 from otel_graph.cluster.worker import PLUGIN_NAME, WorkerTelemetryPlugin, flush_worker
 from otel_graph.telemetry.compute_record import ComputeRecord
@@ -113,6 +114,8 @@ class ClusterMembership:
         self._streams: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         #: Streams whose scheduler was asked again whether it reads contexts (:meth:`_reprobe`).
         self._probed: weakref.WeakSet = weakref.WeakSet()
+        #: This process's clock against each scheduler's (:mod:`.clock`).
+        self.clocks = Clocks()
 
     def attach(self, client: Any, *, reconnecting: bool = False) -> None:
         """Attach ``client`` once; see the module docs. Never raises.
@@ -204,7 +207,9 @@ class ClusterMembership:
                 return
             for plugin in self._plugins():
                 client.register_plugin(plugin, name=PLUGIN_NAME)
-            if self._joined(client, stream, client.run_on_scheduler(join_cluster, client_id=client.id)):
+            sent = time.time()
+            answer = client.run_on_scheduler(join_cluster, client_id=client.id)
+            if self._joined(client, stream, answer, sent=sent, returned=time.time()):
                 return
 
     async def _join_async(self, client: Any) -> None:
@@ -217,15 +222,19 @@ class ClusterMembership:
                 return
             for plugin in self._plugins():
                 await client.register_plugin(plugin, name=PLUGIN_NAME)
-            if self._joined(client, stream, await client.run_on_scheduler(join_cluster, client_id=client.id)):
+            sent = time.time()
+            answer = await client.run_on_scheduler(join_cluster, client_id=client.id)
+            if self._joined(client, stream, answer, sent=sent, returned=time.time()):
                 return
 
-    def _joined(self, client: Any, stream: Any, answer: Any) -> bool:
+    def _joined(self, client: Any, stream: Any, answer: Any, *, sent: float, returned: float) -> bool:
         """Read :func:`join_cluster`'s answer: True if the client is in. Where the scheduler
         reads compute contexts, graphs sent on ``stream`` (the connection the client had
-        before asking, and still has) carry theirs."""
+        before asking, and still has) carry theirs. The call was a clock exchange too."""
         if not isinstance(answer, dict) or not answer.get("clients"):
             return False
+        self.clocks.exchanged(adapter.scheduler_address(client), [sent, answer.get("received"), answer.get("replied")],
+                              returned)
         if answer.get("contexts") == COMPUTE_OP and stream is not None and adapter.scheduler_stream(client) is stream:
             self._streams[client] = stream
         return True
@@ -331,10 +340,28 @@ class ClusterMembership:
         totals["tasks_aggregated"] = aggregated
         return dict(totals), len(by_pid)
 
+    def observe_clocks(self, meter_provider: Any) -> None:
+        """This process's clock against each scheduler's, as ``dask.clock.offset`` gauges."""
+        observe_offsets(meter_provider, self.clocks)
+
+    def clock_for_note(self, client: Any) -> tuple[int, int] | None:
+        """What a compute's note says of the caller's clock (:func:`.propagation.make_note`):
+        this process's against the client's scheduler; inside a task, that task's caller's."""
+        if self._settings.clock == "local":
+            return None
+        inside = current_task_note()
+        if inside is not None:  # a compute a task started is on its caller's timeline
+            return clock_of(inside)
+        return self.clocks.estimate_ns(adapter.scheduler_address(client))
+
     def _on_event(self, client_id: str, cluster: str, event: Any) -> None:
+        returned = time.time()
         try:
             _, message = event
             op = message.get("op")
+            if op == "graph" and message.get("client") == client_id:
+                self.clocks.exchanged(cluster, [message.get("sent"), message.get("received"), message.get("replied")],
+                                      returned)
             if (op == "graph" or op == "totals") and message.get("client") == client_id:
                 record = self._tracker.find_traceparent(message.get("traceparent"))
                 # The scheduler sends both before it reports the compute's outputs, or in the same
@@ -345,7 +372,7 @@ class ClusterMembership:
                 if record is not None and record.end_ns is None:
                     (_graph if op == "graph" else _totals)(record, message)
             elif op == "worker-lost":
-                self._worker_lost(cluster, message, self._recover(client_id, message))
+                self._worker_lost(cluster, message, self._recover(client_id, cluster, message))
                 if message.get("runs_recorder") == client_id:
                     self._recover_runs(message)
         except Exception:
@@ -373,14 +400,16 @@ class ClusterMembership:
                 attributes["dask.task.recovered"] = count
             record.span.add_event(name, attributes)
 
-    def _recover(self, client_id: str, message: dict) -> dict[tuple[int, int], int]:
+    def _recover(self, client_id: str, cluster: str, message: dict) -> dict[tuple[int, int], int]:
         """Spans for the tasks of this client's computes whose telemetry a lost worker took with it.
 
         One per compute and prefix, from the scheduler's ledger (:mod:`.ledger`), marked
-        ``dask.task.recovered``; only the client that submitted the compute makes them.
-        Returns the tasks recovered per compute, by its span's (trace id, span id).
+        ``dask.task.recovered``; only the client that submitted the compute makes them, on
+        its own clock (the ledger's times are the scheduler's). Returns the tasks recovered
+        per compute, by its span's (trace id, span id).
         """
         worker = str(message.get("worker", ""))
+        shift_s = (self.clocks.offset_s(cluster) if self._settings.clock != "local" else None) or 0.0
         per_compute: dict[tuple[int, int], int] = {}
         for row in message.get("lost") or ():
             try:
@@ -389,7 +418,8 @@ class ClusterMembership:
                 if owner != client_id or parent is None or int(count) <= 0:
                     continue
                 self._tracker.recovered(parent, prefix=str(prefix), count=int(count), duration_s=float(duration_s),
-                                        start_ns=int(float(start_s) * 1e9), end_ns=int(float(stop_s) * 1e9),
+                                        start_ns=int((float(start_s) + shift_s) * 1e9),
+                                        end_ns=int((float(stop_s) + shift_s) * 1e9),
                                         worker=worker)
                 context = parent.get_span_context()
                 compute = (context.trace_id, context.span_id)

@@ -13,7 +13,8 @@ with its :class:`.task_spans.WorkerTelemetry`, kept in :class:`_ProcessTelemetry
   did not instrument, with a Prometheus port of its own per process.
 * **Spilling**, counted in full from each worker's own totals, as
   ``dask.worker.spill.io`` (By), ``.operations`` and ``.time`` (s), by
-  ``dask.spill.direction`` (write, read) (:func:`_observe_spill`).
+  ``dask.spill.direction`` (write, read) (:func:`_observe_spill`), and each worker's
+  clock against its scheduler's (``dask.clock.offset``, :mod:`.clock`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 from opentelemetry.metrics import Observation
 
 from otel_graph.cluster import adapter
+from otel_graph.cluster.clock import known_worker_clock, observe_offsets
 from otel_graph.cluster.deliveries import Deliveries, MetricDeliveries
 from otel_graph.config import exit_timeout
 from otel_graph.conventions import observe
@@ -297,12 +299,29 @@ def _observe_spill(meter_provider: Any) -> None:
 
         return callback
 
+    observe_offsets(meter_provider, _WORKER_CLOCKS)
     observe(meter, "dask.worker.spill.io", [reading("bytes")])
     observe(meter, "dask.worker.spill.operations", [reading("count")])
     observe(meter, "dask.worker.spill.time", [reading("seconds")])
 
 
 _SPILL_OBSERVED: weakref.WeakSet = weakref.WeakSet()
+
+
+class _WorkerClocks:
+    """This process's workers' clocks against their schedulers' (for :func:`.clock.observe_offsets`)."""
+
+    def offsets(self) -> list[tuple[str, float]]:
+        points = []
+        for worker in list(_ProcessTelemetry.by_worker.keys()):
+            clock = known_worker_clock(worker)
+            offset = clock.offset_s() if clock is not None else None
+            if offset is not None:
+                points.append((adapter.worker_scheduler(worker), offset))
+        return points
+
+
+_WORKER_CLOCKS = _WorkerClocks()
 
 
 def adopt_client_env(client_env: dict[str, str]) -> None:

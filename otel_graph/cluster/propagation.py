@@ -18,7 +18,9 @@ read them (a stream message nobody handles would close the connection):
    "keys": [...]}`` ahead of the ``compute-task`` messages of the same step: one message
    per worker, compute and scheduler step. The worker keeps each task's note until the
    task has run (:func:`take_note`); the scheduler sends it again with every new run.
-   Only to workers that said they read them (:func:`say_listening`): a worker without
+   Where the worker said something since the last such message, it carries the
+   readings that make that a clock exchange (``"clock": [sent, received, replied]``,
+   :mod:`.clock`). Only to workers that said they read them (:func:`say_listening`): a worker without
    otel_graph, or of an earlier one, would close its stream on an op it does not know.
    A worker says so once its stream is up, so the first tasks sent to a new worker go
    before: the scheduler keeps their keys and hands their notes over when it hears from
@@ -27,18 +29,23 @@ read them (a stream message nobody handles would close the connection):
 
 A note is one short string:
 
-``<traceparent>;<budget>``
+``<traceparent>;<budget>;<offset>,<uncertainty>``
     the W3C trace context of the compute span (``00-<trace id>-<span id>-<flags>``),
     then the task spans each worker may emit for this compute (the compute's budget
-    shared between the workers); without ``;<budget>``, unlimited.
+    shared between the workers; empty: unlimited), then the caller's clock minus the
+    scheduler's and how far that may be off, in integer nanoseconds (:mod:`.clock`;
+    absent where the caller keeps every clock local or has not measured it yet).
 
 >>> from opentelemetry.trace import SpanContext, TraceFlags
 >>> ctx = SpanContext(0x1F, 0x2A, is_remote=False, trace_flags=TraceFlags(1))
->>> note = make_note(ctx, budget=10)
+>>> note = make_note(ctx, budget=10, clock=(-3_000_000_000, 1_500_000))
 >>> note
-'00-0000000000000000000000000000001f-000000000000002a-01;10'
->>> parent_context(note).span_id == 0x2A, budget_of(note), budget_of(make_note(ctx, budget=None))
-(True, 10, None)
+'00-0000000000000000000000000000001f-000000000000002a-01;10;-3000000000,1500000'
+>>> parent_context(note).span_id == 0x2A, budget_of(note), clock_of(note)
+(True, 10, (-3000000000, 1500000))
+>>> plain = make_note(ctx, budget=None, clock=None)
+>>> budget_of(plain), clock_of(plain), clock_of(plain + ";1,x")
+(None, None, None)
 >>> parent_context("garbage") is None, budget_of(note.partition(";")[0] + ";" + "9" * 5000)
 (True, None)
 """
@@ -54,6 +61,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanContext, TraceFlags
 
 from otel_graph.cluster import adapter
+from otel_graph.cluster.clock import worker_clock
 
 logger = logging.getLogger("otel_graph")
 
@@ -70,17 +78,21 @@ _MAX_WAITING = 100_000
 _WAIT_S = 60.0
 
 
-def make_note(context: SpanContext, *, budget: int | None) -> str:
+def make_note(context: SpanContext, *, budget: int | None, clock: tuple[int, int] | None) -> str:
     flags = int(context.trace_flags)
     traceparent = f"00-{context.trace_id:032x}-{context.span_id:016x}-{flags:02x}"
-    return traceparent if budget is None else f"{traceparent};{budget}"
+    shares = "" if budget is None else str(budget)
+    if clock is None:
+        return traceparent if budget is None else f"{traceparent};{shares}"
+    return f"{traceparent};{shares};{clock[0]},{clock[1]}"
 
 
-def _parts(note: Any) -> tuple[Any, Any]:
+def _parts(note: Any) -> tuple[Any, Any, Any]:
     if isinstance(note, str):
-        traceparent, _, budget = note.partition(";")
-        return traceparent, budget
-    return None, None
+        traceparent, _, rest = note.partition(";")
+        budget, _, clock = rest.partition(";")
+        return traceparent, budget, clock
+    return None, None, None
 
 
 def traceparent_of(note: Any) -> str | None:
@@ -96,6 +108,15 @@ def budget_of(note: Any) -> int | None:
     if isinstance(budget, str) and budget.isdigit() and budget.isascii() and len(budget) <= 18:
         return int(budget)
     return None
+
+
+def clock_of(note: Any) -> tuple[int, int] | None:
+    """(caller minus scheduler, uncertainty) in nanoseconds; None where the note has none."""
+    offset, _, uncertainty = (_parts(note)[2] or "").partition(",")
+    try:  # bounded: a note is a few dozen characters
+        return (int(offset), int(uncertainty)) if len(offset) <= 20 and len(uncertainty) <= 20 else None
+    except ValueError:
+        return None
 
 
 def parent_context(note: Any) -> SpanContext | None:
@@ -119,8 +140,9 @@ def parent_span(note: Any) -> trace.Span | None:
 
 # -- client -------------------------------------------------------------------------------
 def compute_message(note: str, keys: Any) -> dict[str, Any]:
-    """What the client sends just before the ``update-graph`` message whose ``keys`` these are."""
-    return {"op": COMPUTE_OP, "note": note, "sample": next(iter(keys), None)}
+    """What the client sends just before the ``update-graph`` message whose ``keys`` these are;
+    ``sent`` (the client's clock, for :mod:`.clock`) is set as it goes."""
+    return {"op": COMPUTE_OP, "note": note, "sample": next(iter(keys), None), "sent": None}
 
 
 # -- scheduler ----------------------------------------------------------------------------
@@ -128,8 +150,9 @@ class Routes:
     """The scheduler's side: which note each task has, and handing it to the task's worker."""
 
     def __init__(self) -> None:
-        #: client id -> (sample key, note) of the graph it sends next.
-        self._expected: dict[str, tuple[Any, str]] = {}
+        #: client id -> (sample key, note, the client's and the scheduler's clocks as it
+        #: came) of the graph it sends next.
+        self._expected: dict[str, tuple[Any, str, Any, float]] = {}
         #: task key -> note, from the update that brought the task until it is forgotten.
         self.notes: dict[Any, str] = {}
         #: Workers that said they read TASKS_OP (:func:`say_listening`), on their current stream.
@@ -140,23 +163,27 @@ class Routes:
         #: worker -> (stimulus id, note, stream, position, message): the message of this step,
         #: while it is still unsent at that position of the stream's buffer.
         self._open: dict[str, tuple[str, str, Any, int, dict]] = {}
+        #: worker -> (its clock as it last said something, the scheduler's as it heard it):
+        #: the next TASKS_OP message there completes that clock exchange (:mod:`.clock`).
+        self._said_at: dict[str, tuple[float, float]] = {}
         self.handed = 0  # task notes handed to workers
         self.unready = 0  # tasks of a traced compute whose worker could not be handed their note
 
-    def expect(self, client: str, note: Any, sample: Any) -> None:
+    def expect(self, client: str, note: Any, sample: Any, *, sent: Any = None) -> None:
         if not isinstance(note, str) or traceparent_of(note) is None:
             return
         self._expected.pop(client, None)
-        self._expected[client] = (sample, note)
+        self._expected[client] = (sample, note, sent, time.time())
         if len(self._expected) > _MAX_EXPECTED:
             self._expected.pop(next(iter(self._expected)))
 
-    def claim(self, client: str, keys: Any, tasks: Any) -> str | None:
-        """The note of this update from ``client``, given to its tasks that have none; None if untraced."""
+    def claim(self, client: str, keys: Any, tasks: Any) -> tuple[str, Any, float] | None:
+        """The note of this update from ``client``, given to its tasks that have none, with
+        when the client sent it (its clock) and the scheduler got it; None if untraced."""
         expected = self._expected.pop(client, None)  # for this update or none: never a later one
         if expected is None:
             return None
-        sample, note = expected
+        sample, note, sent, received = expected
         try:
             if sample is not None and sample not in keys:
                 return None  # the graph it announced was refused before plugins saw it
@@ -166,13 +193,24 @@ class Routes:
         for key in tasks:
             if key not in notes:
                 notes[key] = note
-        return note
+        return note, sent, received
 
     def forget(self, key: Any) -> None:
         self.notes.pop(key, None)
 
     def client_gone(self, client: str) -> None:
         self._expected.pop(client, None)
+
+    def said_at(self, address: str, sent: Any) -> None:
+        """The worker at ``address`` said something it sent at ``sent`` (its clock)."""
+        if type(sent) is float:
+            self._said_at[address] = (sent, time.time())
+
+    def _with_clock(self, address: str, message: dict[str, Any]) -> dict[str, Any]:
+        said = self._said_at.pop(address, None) if self._said_at else None
+        if said is not None:
+            message["clock"] = [*said, time.time()]  # sent, received, replied
+        return message
 
     def hand_over(self, scheduler: Any, key: Any, stimulus_id: str) -> None:
         """Send the task's note to the worker it was just sent to (its stream, ahead of the task)."""
@@ -196,7 +234,7 @@ class Routes:
                 and buffer is not None and slot[3] < len(buffer) and buffer[slot[3]] is slot[4]:
             slot[4]["keys"].append(key)
         else:
-            message = {"op": TASKS_OP, "note": note, "keys": [key]}
+            message = self._with_clock(address, {"op": TASKS_OP, "note": note, "keys": [key]})
             stream.send(message)
             position = len(buffer) - 1 if buffer is not None and buffer and buffer[-1] is message else -1
             self._open[address] = (stimulus_id, note, stream, position, message)
@@ -241,12 +279,13 @@ class Routes:
         # Ready only once all went: a send that fails (the stream broke) leaves it waiting.
         for note, keys in by_note.items():
             stream.send({"op": TASKS_OP, "note": note, "keys": keys})
-        stream.send({"op": TASKS_OP, "note": None, "keys": [], "heard": True})
+        stream.send(self._with_clock(address, {"op": TASKS_OP, "note": None, "keys": [], "heard": True}))
         self._waiting.pop(address, None)
         self.ready.add(address)
         self.handed += sum(len(keys) for keys in by_note.values())
 
     def worker_gone(self, address: str) -> None:
+        self._said_at.pop(address, None)
         self.ready.discard(address)
         self._waiting.pop(address, None)
         self._open.pop(address, None)
@@ -255,13 +294,13 @@ class Routes:
 def on_compute(scheduler_ref: weakref.ref, plugin_name: str) -> Any:
     """The scheduler's handler of COMPUTE_OP (left in place: a client may still send one)."""
 
-    def handle(client: str = "", note: Any = None, sample: Any = None, **_: Any) -> None:
+    def handle(client: str = "", note: Any = None, sample: Any = None, sent: Any = None, **_: Any) -> None:
         try:  # a handler that raises closes the client's stream
             scheduler = scheduler_ref()
             plugin = scheduler.plugins.get(plugin_name) if scheduler is not None else None
             routes = getattr(plugin, "routes", None)
             if isinstance(routes, Routes) and client:
-                routes.expect(str(client), note, sample)
+                routes.expect(str(client), note, sample, sent=sent)
         except Exception:
             logger.debug("otel_graph: unreadable compute context", exc_info=True)
 
@@ -317,10 +356,13 @@ def listen_on_worker(worker: Any) -> None:
     _WORKER_NOTES[worker] = notes
     worker_ref = weakref.ref(worker)
 
-    def handle(note: Any = None, keys: Any = (), heard: Any = False, **_: Any) -> None:
+    def handle(note: Any = None, keys: Any = (), heard: Any = False, clock: Any = None, **_: Any) -> None:
+        returned = time.time()
         worker = worker_ref()
         if heard is True and worker is not None:
             _HEARD[worker] = adapter.scheduler_connection(worker)
+        if clock is not None and worker is not None:
+            worker_clock(worker).exchanged(clock, returned)
         if not isinstance(note, str):
             return
         try:

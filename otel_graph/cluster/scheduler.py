@@ -146,19 +146,22 @@ class SchedulerTelemetryPlugin(SchedulerPlugin):
     def update_graph(self, scheduler: Any, *, client: str = "", keys: Any = (), tasks: Any = (),
                      **kwargs: Any) -> None:
         try:
-            note = self.routes.claim(str(client), keys, tasks)
+            claimed = self.routes.claim(str(client), keys, tasks)
         except Exception:  # a changed internal costs the trace, never the scheduler
             logger.debug("otel_graph: could not read a graph update", exc_info=True)
             return
+        note, sent, received = claimed if claimed is not None else (None, None, None)
         traceparent = traceparent_of(note)
         if note is not None and traceparent is not None:
             self._owners[traceparent] = str(client)
             self._owners.move_to_end(traceparent)
             while len(self._owners) > _MAX_OWNERS:
                 self._owners.popitem(last=False)
+            # sent/received/replied: three of a clock exchange's readings (:mod:`.clock`).
             adapter.publish(scheduler, TOPIC, {"op": "graph", "traceparent": traceparent,
                                                "tasks": len(tasks), "client": str(client),
-                                               "fingerprint": _fingerprint(scheduler, tasks)})
+                                               "fingerprint": _fingerprint(scheduler, tasks),
+                                               "sent": sent, "received": received, "replied": time.time()})
             try:
                 totals = self._totals.expect(note, str(client), adapter.unsettled(scheduler, keys))
             except Exception:  # a changed internal: the compute's totals stay unknown
@@ -322,6 +325,7 @@ def _worker_says(scheduler_ref: weakref.ref) -> Any:
         plugin = _our_plugin(scheduler)
         if plugin is None:
             return
+        plugin.routes.said_at(worker, payload.get("sent"))  # before the answer that carries it back
         if listening:
             plugin.routes.heard(scheduler, worker)
         if "report" in payload:
@@ -356,6 +360,7 @@ async def join_cluster(dask_scheduler: Any = None, client_id: str = "") -> dict[
     it waits for them, :data:`JOIN_WAIT_S` at most (a worker without otel_graph, or with
     an earlier one, never says so: its tasks get no context, and it keeps its stream).
     """
+    received = time.time()
     plugin = _our_plugin(dask_scheduler)
     if plugin is None:
         return {"clients": 0, "contexts": None}
@@ -368,7 +373,8 @@ async def join_cluster(dask_scheduler: Any = None, client_id: str = "") -> dict[
     while not set(dask_scheduler.workers) <= plugin.routes.ready and time.monotonic() < deadline:
         await asyncio.sleep(0.01)  # what the workers say comes on their streams, unsignalled
     contexts = COMPUTE_OP if adapter.handles(dask_scheduler, COMPUTE_OP) else None
-    return {"clients": len(plugin.clients), "contexts": contexts}
+    # received/replied: the scheduler's half of a clock exchange (:mod:`.clock`).
+    return {"clients": len(plugin.clients), "contexts": contexts, "received": received, "replied": time.time()}
 
 
 def contexts_read(dask_scheduler: Any = None) -> str | None:

@@ -37,8 +37,16 @@ from typing import Any
 from opentelemetry import trace
 
 from otel_graph.cluster import adapter
+from otel_graph.cluster.clock import known_worker_clock
 from otel_graph.cluster.process import _count_deliveries, _next_session, _ProcessTelemetry
-from otel_graph.cluster.propagation import awaiting_notes, budget_of, parent_span, take_note, traceparent_of
+from otel_graph.cluster.propagation import (
+    awaiting_notes,
+    budget_of,
+    clock_of,
+    parent_span,
+    take_note,
+    traceparent_of,
+)
 from otel_graph.naming import task_prefix
 from otel_graph.telemetry.attributes import aggregate_attributes, key_text, run_attributes
 from otel_graph.telemetry.function_names import function_names
@@ -70,10 +78,18 @@ class _Trace:
     compute arriving later spend what is left of its budget rather than a fresh one.
     """
 
-    __slots__ = ("parent", "plan", "last_seen", "dirty", "failed")
+    __slots__ = ("parent", "plan", "last_seen", "dirty", "failed", "caller", "shift_ns", "clock")
 
-    def __init__(self, parent: trace.Span, plan: SpanPlan[adapter.TaskRun]) -> None:
-        self.parent, self.plan, self.last_seen, self.dirty = parent, plan, time.monotonic(), False
+    def __init__(self, parent: trace.Span, *, caller: tuple[int, int] | None) -> None:
+        self.parent, self.last_seen, self.dirty = parent, time.monotonic(), False
+        self.plan: SpanPlan[adapter.TaskRun]
+        #: The caller's clock minus the scheduler's, and its uncertainty (ns), from the note;
+        #: None: the runs keep this worker's clock.
+        self.caller = caller
+        #: Added to the runs' times to put them on the caller's timeline, and the
+        #: ``dask.clock.*`` attributes that say so (:meth:`place`).
+        self.shift_ns = 0
+        self.clock: dict[str, float] = {}
         #: hash(key): failed runs here, for the keys of this compute that failed on this worker.
         self.failed: dict[int, int] = {}
 
@@ -98,6 +114,16 @@ class _Trace:
                 failed[slot] = earlier + 1
         return len(failed) > before
 
+    def place(self, worker: tuple[int, int] | None) -> None:
+        """Put this compute's spans from here on the caller's timeline, with ``worker``
+        (this worker's clock minus the scheduler's, and its uncertainty, in ns) as it
+        is now: the caller's minus this worker's is the note's offset less it."""
+        if self.caller is None or worker is None:
+            return
+        self.shift_ns = self.caller[0] - worker[0]
+        self.clock = {"dask.clock.correction": self.shift_ns / 1e9,
+                      "dask.clock.uncertainty": (self.caller[1] + worker[1]) / 1e9}
+
     def settle(self) -> None:
         if self.dirty:
             self.dirty = False
@@ -116,6 +142,8 @@ class WorkerTelemetry:
         self._settings = settings
         self._emitter = providers.emitter
         self._metrics = providers.instruments.task_metrics
+        #: Spans on this worker's clock; else on each compute's caller's (:mod:`.clock`).
+        self._local = settings.clock == "local"
         self._pending: list[adapter.TaskRun] = []
         self._unnoted: list[adapter.TaskRun] = []  # runs waiting for a late note (_with_late_notes)
         self._traces: OrderedDict[str, _Trace] = OrderedDict()
@@ -269,6 +297,9 @@ class WorkerTelemetry:
         if self._in_process:
             self._follow_live()
         now = time.monotonic()
+        worker = self._worker_ref()
+        clock = known_worker_clock(worker) if worker is not None and not self._local else None
+        here = clock.estimate_ns() if clock is not None else None  # this worker's clock minus the scheduler's
         if events:
             prefixes = [task_prefix(ev.key) for ev in events]
             self._metrics.record_tasks(events, prefixes, "distributed")
@@ -284,15 +315,17 @@ class WorkerTelemetry:
                 state = self._trace(traceparent, runs[0].note)
                 if state is not None and state.parent.get_span_context().trace_flags.sampled:
                     state.dirty, state.last_seen = True, now
+                    state.place(here)
                     if state.number_attempts(runs):
                         self._bound_failed()
                     state.plan.add(runs, run_prefixes)
         # A compute quiet here for a while has (probably) ended on this worker: settle it.
         # Not at the first quiet drain: tasks slower than a drain would each become a
         # one-task aggregate span.
-        for state in self._traces.values():
-            if settle_all or now - state.last_seen >= SETTLE_AFTER_S:
-                state.settle()
+        for held in self._traces.values():
+            if held.dirty and (settle_all or now - held.last_seen >= SETTLE_AFTER_S):
+                held.place(here)
+                held.settle()
 
     def _with_late_notes(self, events: list[adapter.TaskRun], *, hold: bool) -> list[adapter.TaskRun]:
         """Runs with their notes, where a note came after the run was recorded.
@@ -330,11 +363,10 @@ class WorkerTelemetry:
         parent = parent_span(note)
         if parent is None:
             return None
-        plan: SpanPlan[adapter.TaskRun] = SpanPlan(budget=budget_of(note),
-                                                   emit=lambda ev, prefix: self._task_span(parent, ev, prefix),
-                                                   emit_aggregate=lambda agg: self._aggregate_span(parent, agg),
-                                                   hold=_without_run_spec)
-        state = self._traces[traceparent] = _Trace(parent, plan)
+        state = _Trace(parent, caller=None if self._local else clock_of(note))
+        state.plan = SpanPlan(budget=budget_of(note), emit=lambda ev, prefix: self._task_span(state, ev, prefix),
+                              emit_aggregate=lambda agg: self._aggregate_span(state, agg), hold=_without_run_spec)
+        self._traces[traceparent] = state
         while len(self._traces) > _MAX_TRACES:
             self._traces.popitem(last=False)[1].settle()
         return state
@@ -347,26 +379,32 @@ class WorkerTelemetry:
             total -= len(state.failed)
             state.failed = {}
 
-    def _task_span(self, parent: trace.Span, run: adapter.TaskRun, prefix: str) -> None:
-        context = self._emitter.emit(parent=parent, name=self._metrics.span_name(prefix), start_ns=run.start_ns,
-                                     end_ns=run.end_ns, attributes=self._attributes(run, prefix), error=run.error)
+    def _task_span(self, state: _Trace, run: adapter.TaskRun, prefix: str) -> None:
+        attributes = self._attributes(run, prefix)
+        attributes.update(state.clock)
+        shift = state.shift_ns
+        context = self._emitter.emit(parent=state.parent, name=self._metrics.span_name(prefix),
+                                     start_ns=run.start_ns + shift, end_ns=run.end_ns + shift, attributes=attributes,
+                                     error=run.error)
         if run.phases and context is not None:
             task = trace.NonRecordingSpan(context)
             for phase in run.phases:
-                attributes: dict[str, Any] = {"dask.task.key": key_text(run.key), "dask.worker.id": self.address}
+                attributes = {"dask.task.key": key_text(run.key), "dask.worker.id": self.address}
                 if phase.source:
                     attributes["dask.transfer.source"] = phase.source
                 if phase.nbytes is not None:
                     attributes["dask.transfer.bytes"] = phase.nbytes
-                self._emitter.emit(parent=task, name=phase.action, start_ns=phase.start_ns,
-                                   end_ns=phase.end_ns, attributes=attributes)
+                self._emitter.emit(parent=task, name=phase.action, start_ns=phase.start_ns + shift,
+                                   end_ns=phase.end_ns + shift, attributes=attributes)
 
-    def _aggregate_span(self, parent: trace.Span, agg: Aggregate) -> None:
+    def _aggregate_span(self, state: _Trace, agg: Aggregate) -> None:
         self.tasks_aggregated += agg.count
         attributes = aggregate_attributes(agg)
         attributes["dask.worker.id"] = self.address
-        self._emitter.emit(parent=parent, name=self._metrics.span_name(agg.prefix), start_ns=agg.start_ns,
-                           end_ns=agg.end_ns, attributes=attributes)
+        attributes.update(state.clock)
+        self._emitter.emit(parent=state.parent, name=self._metrics.span_name(agg.prefix),
+                           start_ns=agg.start_ns + state.shift_ns, end_ns=agg.end_ns + state.shift_ns,
+                           attributes=attributes)
 
     def _attributes(self, run: adapter.TaskRun, prefix: str) -> dict[str, Any]:
         attributes = run_attributes(run, prefix)  # run.worker is this worker's address

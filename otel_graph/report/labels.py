@@ -84,12 +84,15 @@ class Labeller:
             label = f"worker {name}" if named else f"worker {_address(worker)}" if worker else f"worker {name}"
             if named and worker:
                 label += f" ({_address(worker)})"
-            return label
+            return self._on_host(label, resource)
         thread = attributes.get("thread.id")
         if worker and thread is not None and worker != str(thread):  # the processes scheduler: a pool's pid
             label = f"pid {worker}"
         else:
             label = f"pid {resource.get('process.pid', '?')}"
+        return self._on_host(label, resource)
+
+    def _on_host(self, label: str, resource: Mapping[str, Any]) -> str:
         if self.with_host and resource.get("host.name"):
             label += f" on {resource['host.name']}"
         return label

@@ -131,10 +131,11 @@ def render(loaded: Loaded, out: TextIO, *, top: int = 10) -> None:
             "-" if r.gpu_utilization is None else f"{100 * r.gpu_utilization:.0f}%",
             "-" if r.gpu_memory_bytes is None else size(r.gpu_memory_bytes), str(r.errors)] for r in rows])
 
+    hosts = _worker_hosts(computes)
     out.write("\nSlowest tasks\n")
     table(out, ["key", "prefix", "worker", "duration", "output"],
           [[str(s.attributes.get("dask.task.key", "")), str(s.attributes.get("dask.task.prefix", s.name)),
-            str(s.attributes.get("dask.worker.id", "")), seconds(s.duration_ns / 1e9),
+            _where(s, hosts), seconds(s.duration_ns / 1e9),
             size(s.attributes["dask.task.nbytes"]) if isinstance(s.attributes.get("dask.task.nbytes"), int)
             else "-"] for s in slowest_tasks(computes, top=top)])
 
@@ -142,15 +143,31 @@ def render(loaded: Loaded, out: TextIO, *, top: int = 10) -> None:
     if workers:
         out.write(f"\nWorker balance: tasks running at once, in 10 slices of {seconds((end - begin) / 10 / 1e9)}\n")
         table(out, ["worker", "tasks", "busy", *[f"t{i}" for i in range(10)]],
-              [[w.worker, str(w.tasks), seconds(w.busy_s), *[f"{c:.1f}" for c in w.concurrency]]
+              [[_on_host(w.worker, hosts), str(w.tasks), seconds(w.busy_s), *[f"{c:.1f}" for c in w.concurrency]]
                for w in workers])
 
     for path in sorted((critical_path(c) for c in computes), key=lambda p: p.compute.wall_ns,
                        reverse=True)[:PATHS_SHOWN]:
-        _render_path(path, out)
+        _render_path(path, out, hosts)
 
 
-def _render_path(path: CriticalPath, out: TextIO) -> None:
+def _worker_hosts(computes: Sequence[Compute]) -> dict[str, str]:
+    """Each worker's host, where the tasks ran on more than one host (else none is named)."""
+    hosts = {str(span.attributes.get("dask.worker.id", "")): str(span.resource["host.name"])
+             for compute in computes for span in compute.tasks if span.resource.get("host.name")}
+    return hosts if len(set(hosts.values())) > 1 else {}
+
+
+def _on_host(worker: str, hosts: dict[str, str]) -> str:
+    host = hosts.get(worker)
+    return f"{worker} on {host}" if host else worker
+
+
+def _where(span: Span, hosts: dict[str, str]) -> str:
+    return _on_host(str(span.attributes.get("dask.worker.id", "")), hosts)
+
+
+def _render_path(path: CriticalPath, out: TextIO, hosts: dict[str, str]) -> None:
     compute = path.compute
     wall = compute.wall_ns / 1e9
     state = ", incomplete: its dask.compute span is missing" if compute.incomplete else ""
@@ -174,7 +191,7 @@ def _render_path(path: CriticalPath, out: TextIO) -> None:
             continue
         span = step.span
         rows.append([str(span.attributes.get("dask.task.key", "")), str(span.attributes.get("dask.task.prefix", "")),
-                     str(span.attributes.get("dask.worker.id", "")),
+                     _where(span, hosts),
                      seconds((span.start_ns - compute.root.start_ns) / 1e9), seconds(span.duration_ns / 1e9),
                      _waited(step)])
     table(out, ["key", "prefix", "worker", "starts at", "duration", "waited"], rows)

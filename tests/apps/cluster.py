@@ -7,7 +7,9 @@ Configured the user's way, through OTEL_* variables, plus arguments:
 ``--attach``             pass the client: instrument_scheduler(client=client)
 ``--scheduler ADDR``     connect to a running scheduler instead of a LocalCluster
 ``--workload NAME``      sum (default), fail, transfer, spill, persist, kill, many,
-                         retry, map, nested, slow, pause, stall, jobs
+                         retry, map, nested, slow, pause, stall, jobs, chain (on
+                         workers named fast and skewed), chain-jump (the skewed worker's
+                         clock jumps by a second mid-compute)
 ``--memory-limit TEXT``  per-worker memory limit (for spill)
 ``--parent``             run the compute inside a span of the app's own
 ``--flush``              call handle.flush() before closing the client, print FLUSHED
@@ -125,7 +127,37 @@ def jobs(client: Client) -> str:
     return "jobs"
 
 
+def step(x: int, jump_s: float = 0.0) -> int:
+    import time
+
+    if jump_s:
+        import sitecustomize  # tests/skewed_clock: this worker's wall clock steps
+
+        sitecustomize.jump(jump_s)
+    time.sleep(0.05)
+    return x + 1
+
+
+def chain(client: Client, *, jump_s: float = 0.0) -> int:
+    """chain-a -> chain-b -> chain-c run on the workers named fast, skewed, fast, in one compute."""
+    by_name = {info["name"]: address for address, info in client.scheduler_info(n_workers=-1)["workers"].items()}
+    fast, skewed = by_name["fast"], by_name["skewed"]
+    with dask.annotate(workers=[fast], allow_other_workers=False):
+        a = dask.delayed(step)(0, dask_key_name="chain-a")
+    with dask.annotate(workers=[skewed], allow_other_workers=False):
+        b = dask.delayed(step)(a, jump_s, dask_key_name="chain-b")
+    with dask.annotate(workers=[fast], allow_other_workers=False):
+        c = dask.delayed(step)(b, dask_key_name="chain-c")
+    with dask.annotate(workers=[skewed], allow_other_workers=False):
+        d = dask.delayed(step)(c, dask_key_name="chain-d")
+    return client.compute(d, optimize_graph=False).result()
+
+
 def workload(client: Client, name: str, workers: list[str]) -> object:
+    if name == "chain":
+        return chain(client)
+    if name == "chain-jump":
+        return chain(client, jump_s=1.0)
     if name == "sum":
         graph = {f"inc-{i}": (inc, i) for i in range(20)}
         graph["total"] = (sum, [f"inc-{i}" for i in range(20)])

@@ -76,6 +76,7 @@ from otel_graph.cluster.adapter.worker import (
     task_count,
     task_run,
     worker_identity,
+    worker_scheduler,
 )
 
 __all__ = [
@@ -90,5 +91,5 @@ __all__ = [
     "WORKER_SAYS", "Phase", "TaskRun", "close_stream", "current_task", "held_keys", "is_closing",
     "run_tasks_within", "say_to_scheduler", "scheduler_connection", "spill_totals", "stream_open", "task_count",
     "task_run",
-    "worker_identity",
+    "worker_identity", "worker_scheduler",
 ]

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from collections.abc import Callable
 from itertools import islice
 from typing import Any, NamedTuple
@@ -87,6 +88,11 @@ def worker_identity(worker: Any) -> tuple[str, str]:
     """(address, name) of a worker."""
     name = getattr(worker, "name", None)  # often the integer 0: falsy, but a name
     return safe_text(str(getattr(worker, "address", "") or "")), "" if name is None else safe_text(str(name))
+
+
+def worker_scheduler(worker: Any) -> str:
+    """The address of the worker's scheduler."""
+    return safe_text(str(getattr(getattr(worker, "scheduler", None), "address", "") or ""))
 
 
 def task_run(worker: Any, key: Any, *, note: Any, address: str) -> TaskRun | None:
@@ -286,17 +292,21 @@ def scheduler_connection(worker: Any) -> Any:
 WORKER_SAYS = "otel_graph"
 
 
-def say_to_scheduler(worker: Any, payload: Any) -> None:
+def say_to_scheduler(worker: Any, payload: dict[str, Any]) -> None:
     """Send ``payload`` to the worker's scheduler, from any thread, in order with the
     worker's own messages (as ``Worker.log_event`` does), as a ``keep-alive`` message
     (``{"op": "keep-alive", "otel_graph": payload}``): every scheduler handles that op,
     and ignores what it carries unless otel_graph's plugin reads it
-    (:func:`.scheduler.read_worker_says`). Dropped while the worker is not connected."""
-    message = {"op": "keep-alive", WORKER_SAYS: payload}
+    (:func:`.scheduler.read_worker_says`). Dropped while the worker is not connected.
+    The payload gets ``sent``: the worker's clock as it goes on the stream."""
+
+    def send() -> None:
+        worker.batched_send({"op": "keep-alive", WORKER_SAYS: {**payload, "sent": time.time()}})
+
     if getattr(worker, "thread_id", None) == threading.get_ident():
-        worker.batched_send(message)
+        send()
     else:
-        worker.loop.add_callback(worker.batched_send, message)
+        worker.loop.add_callback(send)
 
 
 def close_stream(worker: Any, *, timeout_s: float) -> Any:
