@@ -4,23 +4,25 @@ Hosts' clocks disagree, by milliseconds under NTP and by seconds without it. A t
 drawn on one timeline, that of its *caller*: the process whose ``dask.compute`` span is
 the trace's root. A worker's span times are moved onto it in two steps:
 
-* **worker -> scheduler**: distributed measures it. Each heartbeat reply carries the
-  scheduler's time, the worker keeps the difference (``Worker.scheduler_delay``), and
-  stamps the compute and transfer times it reports with it: they are on the
-  scheduler's clock already (:func:`otel_graph.cluster.adapter.task_run`). The error is at
-  most half the heartbeat's round trip (``Worker.latency``).
-* **scheduler -> caller**: measured here, by the client, NTP-style, on the messages it
-  sends anyway. :class:`ClockEstimate` takes exchanges of four readings: the client sends
-  at ``t0`` (its clock), the scheduler receives at ``t1`` and answers at ``t2`` (its clock),
-  the answer arrives at ``t3``. The offset (caller minus scheduler) is
-  ``((t0 - t1) + (t3 - t2)) / 2``, and the true offset lies within half the round trip,
-  ``((t3 - t0) - (t2 - t1)) / 2``, of it, however unevenly the two ways were delayed.
-  The exchanges are joining the cluster (:func:`.scheduler.join_cluster`) and every traced
-  compute (its context out, the scheduler's ``graph`` event back).
+* **worker -> scheduler**: measured on the messages worker and scheduler exchange
+  anyway: what a worker says (its ``sent`` clock, :func:`.adapter.say_to_scheduler`)
+  comes back with the scheduler's next task notes to it (:mod:`.propagation`), and
+  :func:`worker_clock` keeps the estimate. distributed's own (``Worker.scheduler_delay``)
+  is measured around a registration message the worker takes a while to build, and can
+  be a tenth of a second off, with no bound said.
+* **scheduler -> caller**: measured by the client on the messages it sends anyway.
 
-The client puts its estimate in every compute's note (:mod:`.propagation`), and a
-worker adds it to the scheduler-clock times of that compute's runs. Spans carry what was
-applied: ``dask.clock.correction`` (seconds added to the worker's own clock) and
+Both are NTP-style. :class:`ClockEstimate` takes exchanges of four readings: one side
+sends at ``t0`` (its clock), the scheduler receives at ``t1`` and answers at ``t2`` (its
+clock), the answer arrives at ``t3``. The offset (that side's clock minus the
+scheduler's) is ``((t0 - t1) + (t3 - t2)) / 2``, and the true offset lies within half the
+round trip, ``((t3 - t0) - (t2 - t1)) / 2``, of it, however unevenly the two ways were
+delayed. The client's exchanges are joining the cluster (:func:`.scheduler.join_cluster`)
+and every traced compute (its context out, the scheduler's ``graph`` event back).
+
+The client puts its estimate in every compute's note (:mod:`.propagation`); a worker
+adds the note's offset less its own to its runs' times. Spans carry what was applied:
+``dask.clock.correction`` (seconds added to the worker's own clock) and
 ``dask.clock.uncertainty`` (seconds either way). ``OTEL_GRAPH_CLOCK=local`` keeps each
 process's own clock instead.
 
