@@ -416,3 +416,21 @@ def test_a_task_span_ends_before_its_compute_when_the_clock_estimate_moves(telem
     (task,) = telemetry.children(root)
     assert task.name == "shift_clock_estimate"
     assert started <= task.start_time <= task.end_time <= min(root.end_time, ended)
+
+
+def clock_readings(x: int) -> tuple[int, int]:
+    started = time.time_ns()
+    time.sleep(0.005)
+    return started, time.time_ns()
+
+
+def test_in_process_workers_keep_the_callers_own_clock_exactly(telemetry, client):
+    # The same clock as the caller's: no estimate, whose error (a millisecond or so) would
+    # move the span off the times the task itself read.
+    started, ended = client.submit(clock_readings, 1, pure=False).result()
+    (root,) = telemetry.roots()
+    assert wait_until(lambda: len(telemetry.children(root)) == 1)
+    (task,) = telemetry.children(root)
+    assert task.attributes["dask.clock.correction"] == 0.0
+    assert task.attributes["dask.clock.uncertainty"] == 0.0
+    assert task.start_time <= started < ended <= task.end_time

@@ -20,8 +20,11 @@ round trip, ``((t3 - t0) - (t2 - t1)) / 2``, of it, however unevenly the two way
 delayed. The client's exchanges are joining the cluster (:func:`.scheduler.join_cluster`)
 and every traced compute (its context out, the scheduler's ``graph`` event back).
 
-The client puts its estimate in every compute's note (:mod:`.propagation`); a worker
-adds the note's offset less its own to its runs' times. Spans carry what was applied:
+The client puts its estimate in every compute's note (:mod:`.propagation`), as a
+:class:`Reading` that names the process it was taken in; a worker adds the note's offset
+less its own to its runs' times. A worker in the caller's own process (an in-process
+cluster) has the caller's clock, so its times stay as they are, without either
+estimate's error. Spans carry what was applied:
 ``dask.clock.correction`` (seconds added to the worker's own clock) and
 ``dask.clock.uncertainty`` (seconds either way). ``OTEL_GRAPH_CLOCK=local`` keeps each
 process's own clock instead.
@@ -43,6 +46,7 @@ off by the step.
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 import weakref
@@ -57,6 +61,19 @@ from otel_graph.conventions import observe
 DRIFT = 15e-6
 #: Exchanges kept per scheduler, the newest.
 _KEPT = 8
+
+
+#: This interpreter's name in a :class:`Reading`. A forked child keeps it, as it keeps
+#: the clock.
+PROCESS = secrets.token_hex(6)
+
+
+class Reading(NamedTuple):
+    """A process's clock minus its scheduler's, as a compute's note carries it."""
+
+    offset_ns: int
+    uncertainty_ns: int  # either way
+    process: str  # the :data:`PROCESS` of the process whose clock it is
 
 
 class _Exchange(NamedTuple):
@@ -134,18 +151,17 @@ class Clocks:
 
     def exchanged(self, scheduler: str, readings: Any, returned: float) -> None:
         """An exchange with ``scheduler`` (:meth:`ClockEstimate.exchanged`)."""
-        clock = self._by_scheduler.get(scheduler)
-        if clock is None:
-            clock = self._by_scheduler.setdefault(scheduler, ClockEstimate())
-        clock.exchanged(readings, returned)
+        self._by_scheduler.setdefault(scheduler, ClockEstimate()).exchanged(readings, returned)
 
     def offset_s(self, scheduler: str) -> float | None:
         clock = self._by_scheduler.get(scheduler)
         return None if clock is None else clock.offset_s()
 
-    def estimate_ns(self, scheduler: str) -> tuple[int, int] | None:
+    def reading(self, scheduler: str) -> Reading | None:
+        """This process's clock against ``scheduler``'s, for a note; None before any exchange."""
         clock = self._by_scheduler.get(scheduler)
-        return None if clock is None else clock.estimate_ns()
+        estimate = None if clock is None else clock.estimate_ns()
+        return None if estimate is None else Reading(*estimate, PROCESS)
 
     def offsets(self) -> list[tuple[str, float]]:
         """(scheduler, this process's clock minus its) for each scheduler measured."""
@@ -159,10 +175,8 @@ _BY_WORKER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def worker_clock(worker: Any) -> ClockEstimate:
     """The worker's clock against its scheduler's, from the exchanges on its stream (:mod:`.propagation`)."""
-    clock = _BY_WORKER.get(worker)
-    if clock is None:
-        clock = _BY_WORKER.setdefault(worker, ClockEstimate())
-    return clock
+    clock = _BY_WORKER.get(worker)  # a ClockEstimate made only once: most calls find it
+    return clock if clock is not None else _BY_WORKER.setdefault(worker, ClockEstimate())
 
 
 def known_worker_clock(worker: Any) -> ClockEstimate | None:

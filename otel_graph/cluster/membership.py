@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from otel_graph.cluster import adapter
-from otel_graph.cluster.clock import Clocks, observe_offsets
+from otel_graph.cluster.clock import Clocks, Reading, observe_offsets
 from otel_graph.cluster.propagation import COMPUTE_OP, clock_of, current_task_note, parent_span
 from otel_graph.cluster.scheduler import TOPIC, SchedulerTelemetryPlugin, contexts_read, join_cluster, leave_cluster
 from otel_graph.cluster.worker import PLUGIN_NAME, WorkerTelemetryPlugin, flush_worker
@@ -344,7 +344,7 @@ class ClusterMembership:
         """This process's clock against each scheduler's, as ``dask.clock.offset`` gauges."""
         observe_offsets(meter_provider, self.clocks)
 
-    def clock_for_note(self, client: Any) -> tuple[int, int] | None:
+    def clock_for_note(self, client: Any) -> Reading | None:
         """What a compute's note says of the caller's clock (:func:`.propagation.make_note`):
         this process's against the client's scheduler; inside a task, that task's caller's."""
         if self._settings.clock == "local":
@@ -352,7 +352,7 @@ class ClusterMembership:
         inside = current_task_note()
         if inside is not None:  # a compute a task started is on its caller's timeline
             return clock_of(inside)
-        return self.clocks.estimate_ns(adapter.scheduler_address(client))
+        return self.clocks.reading(adapter.scheduler_address(client))
 
     def _on_event(self, client_id: str, cluster: str, event: Any) -> None:
         returned = time.time()

@@ -29,20 +29,21 @@ read them (a stream message nobody handles would close the connection):
 
 A note is one short string:
 
-``<traceparent>;<budget>;<offset>,<uncertainty>``
+``<traceparent>;<budget>;<offset>,<uncertainty>,<process>``
     the W3C trace context of the compute span (``00-<trace id>-<span id>-<flags>``),
     then the task spans each worker may emit for this compute (the compute's budget
     shared between the workers; empty: unlimited), then the caller's clock minus the
-    scheduler's and how far that may be off, in integer nanoseconds (:mod:`.clock`;
-    absent where the caller keeps every clock local or has not measured it yet).
+    scheduler's and how far that may be off, in integer nanoseconds, and the process
+    whose clock that is (a :class:`.clock.Reading`; absent where the caller keeps every
+    clock local or has not measured it yet).
 
 >>> from opentelemetry.trace import SpanContext, TraceFlags
 >>> ctx = SpanContext(0x1F, 0x2A, is_remote=False, trace_flags=TraceFlags(1))
->>> note = make_note(ctx, budget=10, clock=(-3_000_000_000, 1_500_000))
+>>> note = make_note(ctx, budget=10, clock=Reading(-3_000_000_000, 1_500_000, "5eed"))
 >>> note
-'00-0000000000000000000000000000001f-000000000000002a-01;10;-3000000000,1500000'
+'00-0000000000000000000000000000001f-000000000000002a-01;10;-3000000000,1500000,5eed'
 >>> parent_context(note).span_id == 0x2A, budget_of(note), clock_of(note)
-(True, 10, (-3000000000, 1500000))
+(True, 10, Reading(offset_ns=-3000000000, uncertainty_ns=1500000, process='5eed'))
 >>> plain = make_note(ctx, budget=None, clock=None)
 >>> budget_of(plain), clock_of(plain), clock_of(plain + ";1,x")
 (None, None, None)
@@ -61,7 +62,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanContext, TraceFlags
 
 from otel_graph.cluster import adapter
-from otel_graph.cluster.clock import worker_clock
+from otel_graph.cluster.clock import Reading, worker_clock
 
 logger = logging.getLogger("otel_graph")
 
@@ -78,13 +79,13 @@ _MAX_WAITING = 100_000
 _WAIT_S = 60.0
 
 
-def make_note(context: SpanContext, *, budget: int | None, clock: tuple[int, int] | None) -> str:
+def make_note(context: SpanContext, *, budget: int | None, clock: Reading | None) -> str:
     flags = int(context.trace_flags)
     traceparent = f"00-{context.trace_id:032x}-{context.span_id:016x}-{flags:02x}"
     shares = "" if budget is None else str(budget)
     if clock is None:
         return traceparent if budget is None else f"{traceparent};{shares}"
-    return f"{traceparent};{shares};{clock[0]},{clock[1]}"
+    return f"{traceparent};{shares};{clock.offset_ns},{clock.uncertainty_ns},{clock.process}"
 
 
 def _parts(note: Any) -> tuple[Any, Any, Any]:
@@ -110,11 +111,13 @@ def budget_of(note: Any) -> int | None:
     return None
 
 
-def clock_of(note: Any) -> tuple[int, int] | None:
-    """(caller minus scheduler, uncertainty) in nanoseconds; None where the note has none."""
-    offset, _, uncertainty = (_parts(note)[2] or "").partition(",")
-    try:  # bounded: a note is a few dozen characters
-        return (int(offset), int(uncertainty)) if len(offset) <= 20 and len(uncertainty) <= 20 else None
+def clock_of(note: Any) -> Reading | None:
+    """The caller's clock against the scheduler's; None where the note has none."""
+    parts = (_parts(note)[2] or "").split(",")
+    if len(parts) != 3 or not all(0 < len(part) <= 20 for part in parts):  # bounded: int() of a short string
+        return None
+    try:
+        return Reading(int(parts[0]), int(parts[1]), parts[2])
     except ValueError:
         return None
 

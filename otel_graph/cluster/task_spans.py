@@ -37,7 +37,7 @@ from typing import Any
 from opentelemetry import trace
 
 from otel_graph.cluster import adapter
-from otel_graph.cluster.clock import known_worker_clock
+from otel_graph.cluster.clock import PROCESS, Reading, known_worker_clock
 from otel_graph.cluster.process import _count_deliveries, _next_session, _ProcessTelemetry
 from otel_graph.cluster.propagation import (
     awaiting_notes,
@@ -80,11 +80,11 @@ class _Trace:
 
     __slots__ = ("parent", "plan", "last_seen", "dirty", "failed", "caller", "shift_ns", "clock")
 
-    def __init__(self, parent: trace.Span, *, caller: tuple[int, int] | None) -> None:
+    def __init__(self, parent: trace.Span, *, caller: Reading | None) -> None:
         self.parent, self.last_seen, self.dirty = parent, time.monotonic(), False
         self.plan: SpanPlan[adapter.TaskRun]
-        #: The caller's clock minus the scheduler's, and its uncertainty (ns), from the note;
-        #: None: the runs keep this worker's clock.
+        #: The caller's clock against the scheduler's, from the note; None: the runs keep
+        #: this worker's clock.
         self.caller = caller
         #: Added to the runs' times to put them on the caller's timeline, and the
         #: ``dask.clock.*`` attributes that say so (:meth:`place`).
@@ -117,12 +117,17 @@ class _Trace:
     def place(self, worker: tuple[int, int] | None) -> None:
         """Put this compute's spans from here on the caller's timeline, with ``worker``
         (this worker's clock minus the scheduler's, and its uncertainty, in ns) as it
-        is now: the caller's minus this worker's is the note's offset less it."""
-        if self.caller is None or worker is None:
+        is now: the caller's minus this worker's is the note's offset less it. In the
+        caller's own process it is the caller's clock: nothing to move, nothing uncertain."""
+        caller = self.caller
+        if caller is not None and caller.process == PROCESS:
+            self.clock = {"dask.clock.correction": 0.0, "dask.clock.uncertainty": 0.0}
             return
-        self.shift_ns = self.caller[0] - worker[0]
+        if caller is None or worker is None:
+            return
+        self.shift_ns = caller.offset_ns - worker[0]
         self.clock = {"dask.clock.correction": self.shift_ns / 1e9,
-                      "dask.clock.uncertainty": (self.caller[1] + worker[1]) / 1e9}
+                      "dask.clock.uncertainty": (caller.uncertainty_ns + worker[1]) / 1e9}
 
     def settle(self) -> None:
         if self.dirty:
@@ -298,7 +303,7 @@ class WorkerTelemetry:
             self._follow_live()
         now = time.monotonic()
         worker = self._worker_ref()
-        clock = known_worker_clock(worker) if worker is not None and not self._local else None
+        clock = known_worker_clock(worker) if worker is not None else None
         here = clock.estimate_ns() if clock is not None else None  # this worker's clock minus the scheduler's
         if events:
             prefixes = [task_prefix(ev.key) for ev in events]
