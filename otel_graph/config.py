@@ -124,6 +124,10 @@ STANDARD_VARIABLES: Mapping[str, str] = {
     "applied to every span otel_graph makes, task spans too (built without the SDK's `Span`), as the SDK "
     "applies them.",
     "OTEL_SDK_DISABLED": "`true`: Dask is left untouched (`true` or `false` only, as the SDK reads it).",
+    "TRACEPARENT": "A launcher's trace (a W3C `traceparent` value), read once when otel_graph is instrumented: "
+    "the parent of each `dask.compute` span begun with no current span. One that is not valid is ignored, "
+    "with one warning.",
+    "TRACESTATE": "The launcher's W3C `tracestate`, kept on those computes' spans with TRACEPARENT.",
 }
 
 #: The standard variables whose values otel_graph checks before the SDK reads them, and what

@@ -6,7 +6,9 @@ One :class:`Instrumentation` is live per process at most. It owns:
   caller's, the global SDK ones the application set, or, when there are none, ones
   built from the environment by :mod:`otel_graph.export.sdk` (then also set globally, so that
   spans the user's own code makes inside tasks go to the same place);
-* the :class:`~otel_graph.telemetry.tracker.Tracker` that turns task records into telemetry;
+* the :class:`~otel_graph.telemetry.tracker.Tracker` that turns task records into telemetry,
+  with the trace a launcher handed the process in ``TRACEPARENT``, read once here
+  (:mod:`otel_graph.telemetry.env_context`);
 * the Dask wrappers of :mod:`otel_graph.capture.local`, and dask.distributed's capture
   (:mod:`otel_graph.cluster.client`) where it is installed;
 * the resource readings of :mod:`otel_graph.readings.resources`.
@@ -30,6 +32,7 @@ from typing import Any
 from otel_graph.capture.local import LocalCapture
 from otel_graph.config import ConfigurationError, Settings, load_settings
 from otel_graph.export.sdk import exit_window
+from otel_graph.telemetry.env_context import launcher_parent
 from otel_graph.telemetry.nvtx_ranges import process_ranges
 from otel_graph.telemetry.process_state import ProcessState, ensure_exit_hook, providers_for, report_undelivered
 from otel_graph.telemetry.tracker import Tracker
@@ -57,7 +60,8 @@ class Instrumentation:
                                 max_task_spans=settings.max_task_spans,
                                 drain_interval_s=settings.drain_interval_s,
                                 progress_interval_s=settings.progress_interval_s,
-                                early_drain_tasks=settings.early_drain_tasks, ranges=ranges)
+                                early_drain_tasks=settings.early_drain_tasks, ranges=ranges,
+                                launcher=launcher_parent())
         self._capture = LocalCapture(self._tracker, ranges=ranges)
         # The provider's force_flush (OpenTelemetry's own way) makes the computes set aside too.
         self._flushed = [] if self._owned is None else list(self._owned.span_processors)

@@ -11,7 +11,8 @@ Attribute values (``AnyValue``) become the Python values the SDK was given:
 ``str``, ``bool``, ``int``, ``float``, ``bytes``, arrays become ``list`` and
 key-value lists become ``dict``. Ids become lowercase hex strings, and an
 absent parent id becomes ``""``, so ``span["parent_span_id"] ==
-parent["span_id"]`` reads the same as in the SDK's own tests.
+parent["span_id"]`` reads the same as in the SDK's own tests. A span's W3C
+trace state is its header string (``"vendor=on"``; ``""`` for none).
 
 ``decompress_body`` undoes an OTLP/HTTP ``Content-Encoding`` before parsing.
 
@@ -96,6 +97,7 @@ def flatten_spans(request: ExportTraceServiceRequest, *, transport: str) -> Iter
                     "trace_id": span.trace_id.hex(),
                     "span_id": span.span_id.hex(),
                     "parent_span_id": span.parent_span_id.hex(),
+                    "trace_state": span.trace_state,
                     "kind": int(span.kind),
                     "start_ns": span.start_time_unix_nano,
                     "end_ns": span.end_time_unix_nano,

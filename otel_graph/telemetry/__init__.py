@@ -9,7 +9,8 @@
 - ``attributes`` (with ``function_names``): what a task's span says; ``spans``: the emitters
   that hand finished spans to the provider; ``encoded_batch``, ``task_encoding`` and
   ``compute_span``: most spans encoded straight to OTLP bytes as they end;
-  ``task_context``: the running task as the parent of user spans.
+  ``task_context``: the running task as the parent of user spans; ``env_context``: the
+  launcher's ``TRACEPARENT`` as the parent of computes begun with no current span.
 - ``metrics``: what tasks and computes add to the metric stream.
 - ``nvtx_ranges``: tasks and computes as NVTX ranges for Nsight Systems (``OTEL_GRAPH_NVTX``).
 - ``process_state``: the telemetry one process holds (providers, readings, the exit hook),

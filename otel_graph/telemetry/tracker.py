@@ -5,8 +5,9 @@ list, and on a pool asks for a drain once ``OTEL_GRAPH_EARLY_DRAIN`` of them wai
 more. The :class:`Tracker` owns everything after that:
 
 * :meth:`Tracker.begin` opens the ``dask.compute`` root span, a child of the caller's
-  current span, and returns the :class:`~otel_graph.telemetry.compute_record.ComputeRecord`
-  capture writes into;
+  current span (with none, of the launcher's ``TRACEPARENT``, if any:
+  :mod:`otel_graph.telemetry.env_context`), and returns the
+  :class:`~otel_graph.telemetry.compute_record.ComputeRecord` capture writes into;
 * :meth:`Tracker.end` stamps the end and asks the tracker's thread for a pass, or, for a
   small compute whose every task has reported, handles it in the thread that computed it
   (:data:`INLINE_MAX_TASKS`): one that succeeded is set aside, its telemetry made later with
@@ -48,7 +49,7 @@ from otel_graph.telemetry.job import current_name
 from otel_graph.telemetry.metrics import TaskMetrics
 from otel_graph.telemetry.passes import Passes
 from otel_graph.telemetry.spans import ApiEmitter
-from otel_graph.telemetry.task_context import current_context, span_in
+from otel_graph.telemetry.task_context import current_context, span_in, with_span
 
 if TYPE_CHECKING:
     from otel_graph.telemetry.nvtx_ranges import Ranges
@@ -73,6 +74,11 @@ INLINE_MAX_TASKS = 128
 _HALT_WAIT_S = 0.2
 
 
+def _valid(span: Any) -> bool:
+    """Whether ``span`` (None: no span) is one a compute can be the child of."""
+    return span is not None and span.get_span_context().is_valid
+
+
 def _span_name(span: Any) -> str | None:
     """The name of the caller's current span, which names its computes' job; None for none (or
     one that is not a span of the SDK's: a task's parent, a remote parent)."""
@@ -86,12 +92,14 @@ class Tracker:
     def __init__(self, *, tracer: trace.Tracer, emitter: Any, metrics: TaskMetrics,
                  max_task_spans: int | None, drain_interval_s: float,
                  progress_interval_s: float = 30.0, early_drain_tasks: int | None = DEFAULT_EARLY_DRAIN_TASKS,
-                 ranges: Ranges | None = None) -> None:
+                 ranges: Ranges | None = None, launcher: trace.Span | None = None) -> None:
         """``early_drain_tasks``: the task records awaiting the tracker at which a compute on a pool
         (threads, processes) is drained while it runs, not only every ``drain_interval_s``
         (``OTEL_GRAPH_EARLY_DRAIN``); None: only every ``drain_interval_s``. ``ranges``: each
-        compute is also an NVTX range (``OTEL_GRAPH_NVTX``)."""
+        compute is also an NVTX range (``OTEL_GRAPH_NVTX``). ``launcher``: the parent of computes
+        begun with no valid span current (``TRACEPARENT``: :mod:`otel_graph.telemetry.env_context`)."""
         self._ranges = ranges
+        self._launcher = launcher
         self._tracer = tracer
         self._emitter = emitter
         self._metrics = metrics
@@ -179,15 +187,22 @@ class Tracker:
         start = time.time_ns()
         light = scheduler != "distributed" and self._queues_only is not None and self._queues_only() \
             and self._tracer_enabled()
+        # With no valid span current, the launcher's span is the parent (None: the usual case).
+        launcher = self._launcher
         if light:
             context = current_context()  # read once: the root's parent, then the tasks' context
-            job = current_name(_span_name(span_in(context)))
+            current = span_in(context)
+            if launcher is not None and not _valid(current):
+                context = with_span(launcher, context)
+            job = current_name(_span_name(current))
             span = start_compute_span(self._emitter, "dask.compute", start_ns=start, context=context,
                                       attributes={"dask.scheduler": scheduler, "dask.compute.name": job})
         else:
             context = None
-            job = current_name(_span_name(trace.get_current_span()))
-            span = self._tracer.start_span("dask.compute", start_time=start,
+            current = trace.get_current_span()
+            parent = with_span(launcher) if launcher is not None and not _valid(current) else None
+            job = current_name(_span_name(current))
+            span = self._tracer.start_span("dask.compute", context=parent, start_time=start,
                                            attributes={"dask.scheduler": scheduler, "dask.compute.name": job})
         record = ComputeRecord(scheduler, span, start, assign_ids=self._assign_ids, context=context)
         record.job = job
