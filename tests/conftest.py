@@ -96,8 +96,10 @@ def telemetry(request: pytest.FixtureRequest) -> Iterator[Telemetry]:
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:
-    """The environment for a child Python that imports otel_graph from this checkout."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "PYTEST_"))}
+    """The environment for a child Python that imports otel_graph from this checkout, with
+    none of the suite's own OpenTelemetry set-up (a CI that traces its steps sets ``TRACEPARENT``)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OTEL_", "PYTEST_")) and k not in ("TRACEPARENT", "TRACESTATE", "BAGGAGE")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests"), env.get("PYTHONPATH", "")])
     env.update(extra)
     return env

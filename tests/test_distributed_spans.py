@@ -274,3 +274,27 @@ def test_a_distributed_span_still_decorates(telemetry, client):
     decorated = named(telemetry, "decorated")
     assert len(decorated) == 2 and decorated[0].attributes["dask.span.id"] != decorated[1].attributes["dask.span.id"]
     assert {c.parent.span_id for c in telemetry.roots()} == {s.context.span_id for s in decorated}
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    """A launcher's span in the environment, read when the ``telemetry`` fixture instruments."""
+    trace_id, span_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    monkeypatch.setenv("TRACEPARENT", f"00-{trace_id}-{span_id}-01")
+    return int(trace_id, 16), int(span_id, 16)
+
+
+def test_with_no_span_current_the_blocks_and_stand_ins_join_a_launchers_trace(launched, telemetry, client):
+    from distributed.spans import span as taken_early
+
+    trace_id, span_id = launched
+    with distributed.span("etl"):
+        assert client.submit(inc, 1).result() == 2
+    with taken_early.__wrapped__("early"):  # entered without a block of ours: a stand-in
+        assert client.submit(inc, 2).result() == 3
+    (etl,), (early,) = named(telemetry, "etl"), named(telemetry, "early")
+    for span in (etl, early):
+        assert (span.context.trace_id, span.parent.span_id) == (trace_id, span_id)
+    computes = named(telemetry, "dask.compute")
+    assert sorted(c.parent.span_id for c in computes) == sorted([etl.context.span_id, early.context.span_id])
+    assert {c.context.trace_id for c in computes} == {trace_id}

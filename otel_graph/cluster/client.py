@@ -71,7 +71,7 @@ class ClusterCapture(ClusterMembership):
         #: Traced calls whose graph went without its context: the scheduler could not read it.
         self.unannounced = 0
         #: ``distributed.span`` blocks as spans (:mod:`.spans`).
-        self._spans = SpanCapture(tracker.tracer)
+        self._spans = SpanCapture(tracker.tracer, launcher=tracker.launcher)
 
     def _nested_capture(self) -> type[ClusterCapture]:
         # The workers trace the computes their tasks start as this client traces its own.
@@ -249,7 +249,7 @@ class ClusterCapture(ClusterMembership):
         # Not inside a task: distributed puts the task's own span in its annotations, and
         # its compute already stands for it. Not in a forked child: nothing is traced there.
         if adapter.current_task(default=None) is None and not self._tracker.forked:
-            outer.extend(stand_ins(self._tracker.tracer))
+            outer.extend(stand_ins(self._tracker.tracer, launcher=self._tracker.launcher))
         if not outer:
             return self._tracker.begin("distributed")
         token = otel_context.attach(trace.set_span_in_context(outer[-1]))

@@ -5,7 +5,8 @@ distributed files every task submitted inside the block under that span (the das
 *Fine Performance Metrics* are broken down by it). With otel_graph installed, the block is
 also an OpenTelemetry span, current for the block, so that everything inside it nests
 under it: the computes it submits (and the task spans under them), the spans the user's
-own code opens, and the distributed spans nested in it::
+own code opens, and the distributed spans nested in it (and, with no span current, it
+is the child of a launcher's ``TRACEPARENT``, as a compute is)::
 
     etl                      (dask.span.name="etl")
     └─ load                  (dask.span.name="etl/load")
@@ -44,6 +45,8 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Status, StatusCode
+
+from otel_graph.telemetry.env_context import under_launcher
 
 logger = logging.getLogger("otel_graph")
 
@@ -99,16 +102,18 @@ def _open_depth(ids: tuple[str, ...]) -> int:
     return depth
 
 
-def stand_ins(tracer: trace.Tracer) -> list[trace.Span]:
+def stand_ins(tracer: trace.Tracer, *, launcher: trace.Span | None = None) -> list[trace.Span]:
     """Spans, outermost first and each under the one before, for the distributed spans this
     thread is in whose blocks opened none here (see the module docs); empty in the usual
-    case. The caller makes the last the current span of its compute, and ends them with it."""
+    case. The caller makes the last the current span of its compute, and ends them with it.
+    With no valid span current, the outermost is a child of ``launcher``
+    (:func:`~otel_graph.telemetry.env_context.under_launcher`)."""
     try:
         tags, ids = _current()
         if not tags:
             return []
         made: list[trace.Span] = []
-        context = None
+        context = under_launcher(launcher)
         for level in range(_open_depth(ids) + 1, len(tags) + 1):
             span = tracer.start_span(tags[level - 1], context=context,
                                      attributes=_attributes(tags, ids, level))
@@ -137,16 +142,17 @@ class _Traced(ContextDecorator):
     the decorated function enters a fresh one.
     """
 
-    __slots__ = ("_inner", "_tracer", "_levels", "_opened")
+    __slots__ = ("_inner", "_tracer", "_launcher", "_levels", "_opened")
 
-    def __init__(self, inner: Any, tracer: trace.Tracer, levels: int) -> None:
+    def __init__(self, inner: Any, tracer: trace.Tracer, launcher: trace.Span | None, levels: int) -> None:
         self._inner = inner
         self._tracer = tracer
+        self._launcher = launcher
         self._levels = levels  # span("a", "b") opens two nested spans
         self._opened: list[tuple[trace.Span, Token[Context]]] = []
 
     def _recreate_cm(self) -> _Traced:
-        return _Traced(self._inner._recreate_cm(), self._tracer, self._levels)
+        return _Traced(self._inner._recreate_cm(), self._tracer, self._launcher, self._levels)
 
     def __enter__(self) -> Any:
         try:
@@ -168,7 +174,8 @@ class _Traced(ContextDecorator):
         # span function imported before instrumenting): those last as long as this block.
         first = min(_open_depth(ids), len(tags) - self._levels) + 1
         for depth in range(first, len(tags) + 1):
-            span = self._tracer.start_span(tags[depth - 1], attributes=_attributes(tags, ids, depth))
+            span = self._tracer.start_span(tags[depth - 1], context=under_launcher(self._launcher),
+                                           attributes=_attributes(tags, ids, depth))
             opened = otel_context.set_value(_OPEN_IDS, ids[:depth])
             token = otel_context.attach(trace.set_span_in_context(span, opened))
             self._opened.append((span, token))
@@ -190,8 +197,10 @@ class _Traced(ContextDecorator):
 class SpanCapture:
     """Puts :func:`span` in distributed's place, and takes it back out."""
 
-    def __init__(self, tracer: trace.Tracer) -> None:
+    def __init__(self, tracer: trace.Tracer, *, launcher: trace.Span | None = None) -> None:
+        """``launcher``: the parent of a block's span begun with no valid span current (``TRACEPARENT``)."""
         self._tracer = tracer
+        self._launcher = launcher
         self._original: Any = None
         self._replaced: list[Any] = []
 
@@ -202,10 +211,10 @@ class SpanCapture:
         original = getattr(modules[0], "span", None)
         if not callable(original):
             return  # a distributed without spans
-        tracer = self._tracer
+        tracer, launcher = self._tracer, self._launcher
 
         def span(*tags: str) -> Any:
-            return _Traced(original(*tags), tracer, len(tags))
+            return _Traced(original(*tags), tracer, launcher, len(tags))
 
         span.__name__, span.__qualname__, span.__doc__ = "span", "span", original.__doc__
         span.__module__, span.__wrapped__ = original.__module__, original  # type: ignore[attr-defined]

@@ -11,11 +11,12 @@ value::
 
 :func:`launcher_parent` reads them as the specification asks, once, at start-up (here:
 when otel_graph is instrumented), and parses them with OpenTelemetry's own W3C propagator
-(``TraceContextTextMapPropagator``) over a carrier of the headers' lowercase names. The
-:class:`~otel_graph.telemetry.tracker.Tracker` makes the span it returns the parent of
-every ``dask.compute`` span begun with no valid span current; a compute begun under a
-span of the application's own stays that span's child. Where no launcher set the
-variables, that costs each compute one comparison with None.
+(``TraceContextTextMapPropagator``) over a carrier of the headers' lowercase names. Every
+span otel_graph opens at the top of the caller's work (a ``dask.compute`` span, a
+``distributed.span`` block's) starts in :func:`under_launcher`'s context: the launcher's
+span is its parent where no valid span is current; a span begun under one of the
+application's own stays that span's child. Where no launcher set the variables, that
+costs each such span one comparison with None.
 
 The launcher decides the sampling, as a remote parent does: flags ``01`` (sampled) and
 the computes are traced, ``00`` and they are not (under the SDK's default sampler). A
@@ -45,6 +46,8 @@ from collections.abc import Mapping
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from otel_graph.telemetry.task_context import current_context, span_in, with_span
 
 logger = logging.getLogger("otel_graph")
 
@@ -83,6 +86,18 @@ def launcher_parent(*, environ: Mapping[str, str] | None = None) -> trace.Span |
         _ignore(traceparent, _fault(traceparent))
         return None
     return span
+
+
+def under_launcher(launcher: trace.Span | None, context: Context | None = None) -> Context | None:
+    """``context`` (None: the current one), with ``launcher`` current in it where no valid
+    span is; ``context`` itself where nothing changes (so None stays None: start in the
+    current context)."""
+    if launcher is None:
+        return context
+    current = span_in(current_context() if context is None else context)
+    if current is not None and current.get_span_context().is_valid:
+        return context
+    return with_span(launcher, context)
 
 
 def _fault(traceparent: str) -> str:

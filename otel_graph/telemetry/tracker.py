@@ -45,11 +45,12 @@ from otel_graph.telemetry.attributes import recovered_attributes
 from otel_graph.telemetry.compute_record import ComputeRecord
 from otel_graph.telemetry.compute_span import start_compute_span
 from otel_graph.telemetry.drain import Drainer
+from otel_graph.telemetry.env_context import under_launcher
 from otel_graph.telemetry.job import current_name
 from otel_graph.telemetry.metrics import TaskMetrics
 from otel_graph.telemetry.passes import Passes
 from otel_graph.telemetry.spans import ApiEmitter
-from otel_graph.telemetry.task_context import current_context, span_in, with_span
+from otel_graph.telemetry.task_context import current_context, span_in
 
 if TYPE_CHECKING:
     from otel_graph.telemetry.nvtx_ranges import Ranges
@@ -72,11 +73,6 @@ MAX_BACKLOG = 256
 INLINE_MAX_TASKS = 128
 #: How long stop() waits, once it gave up, for the thread to put down its slice.
 _HALT_WAIT_S = 0.2
-
-
-def _valid(span: Any) -> bool:
-    """Whether ``span`` (None: no span) is one a compute can be the child of."""
-    return span is not None and span.get_span_context().is_valid
 
 
 def _span_name(span: Any) -> str | None:
@@ -147,6 +143,11 @@ class Tracker:
         return self._tracer
 
     @property
+    def launcher(self) -> trace.Span | None:
+        """The launcher's span (``TRACEPARENT``), parent of the spans begun with no valid span current."""
+        return self._launcher
+
+    @property
     def forked(self) -> bool:
         """True in a process forked from this one's: it traces nothing (see :mod:`otel_graph.export.forks`)."""
         return self._forked
@@ -187,22 +188,16 @@ class Tracker:
         start = time.time_ns()
         light = scheduler != "distributed" and self._queues_only is not None and self._queues_only() \
             and self._tracer_enabled()
-        # With no valid span current, the launcher's span is the parent (None: the usual case).
-        launcher = self._launcher
         if light:
             context = current_context()  # read once: the root's parent, then the tasks' context
-            current = span_in(context)
-            if launcher is not None and not _valid(current):
-                context = with_span(launcher, context)
-            job = current_name(_span_name(current))
+            job = current_name(_span_name(span_in(context)))
+            context = under_launcher(self._launcher, context)
             span = start_compute_span(self._emitter, "dask.compute", start_ns=start, context=context,
                                       attributes={"dask.scheduler": scheduler, "dask.compute.name": job})
         else:
             context = None
-            current = trace.get_current_span()
-            parent = with_span(launcher) if launcher is not None and not _valid(current) else None
-            job = current_name(_span_name(current))
-            span = self._tracer.start_span("dask.compute", context=parent, start_time=start,
+            job = current_name(_span_name(trace.get_current_span()))
+            span = self._tracer.start_span("dask.compute", context=under_launcher(self._launcher), start_time=start,
                                            attributes={"dask.scheduler": scheduler, "dask.compute.name": job})
         record = ComputeRecord(scheduler, span, start, assign_ids=self._assign_ids, context=context)
         record.job = job
