@@ -237,7 +237,7 @@ annotations = st.one_of(
 def test_any_task_annotation_is_read_or_ignored(note):
     # A worker reads the compute's context from each task's annotation, which a user could
     # also set: whatever it holds, reading it never raises.
-    from otel_graph.cluster.propagation import budget_of, parent_context, traceparent_of
+    from otel_graph.cluster.note import budget_of, parent_context, traceparent_of
 
     context = parent_context(note)
     assert context is None or (context.trace_id and context.span_id and context.is_remote)

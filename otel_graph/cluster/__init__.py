@@ -5,9 +5,11 @@ nothing per task:
 
 * :mod:`.client` (client process): the ``dask.compute`` span per ``get``/``compute``/
   ``persist``, its context sent to the scheduler ahead of the graph and handed to the
-  workers with the tasks (:mod:`.propagation`), nothing added to the graph;
+  workers with the tasks (:mod:`.propagation`, in a :mod:`.note` of the trace context,
+  span budget and caller's clock: :mod:`.clock`), nothing added to the graph;
   ``distributed.span`` blocks as spans (:mod:`.spans`); :mod:`.membership`: the
-  plugins registered on the cluster, and the cluster's events;
+  plugins registered on the cluster, and the cluster's events; :mod:`.bounded`: calls
+  on the cluster made with a deadline;
 * :mod:`.worker` (each worker process): the plugin; :mod:`.task_spans`: task spans,
   with transfer and spill phases, and task metrics, built off the event loop and
   exported by the worker itself; :mod:`.process`: what the process shares (delivery

@@ -41,8 +41,10 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from otel_graph.cluster import adapter
-from otel_graph.cluster.membership import CLUSTER_TIMEOUT_S, ClusterMembership, _bounded_all
-from otel_graph.cluster.propagation import compute_message, current_task_note, make_note, parent_span
+from otel_graph.cluster.bounded import CLUSTER_TIMEOUT_S, bounded_all
+from otel_graph.cluster.membership import ClusterMembership
+from otel_graph.cluster.note import make_note, parent_span
+from otel_graph.cluster.propagation import compute_message, current_task_note
 from otel_graph.cluster.spans import SpanCapture, drop_own_frame, span_attributes, stand_ins
 
 logger = logging.getLogger("otel_graph")
@@ -98,7 +100,7 @@ class ClusterCapture(ClusterMembership):
                 if leave is not None:
                     leaving.append(leave)
         if leaving:  # side by side: a cluster that does not answer costs the wait once
-            _bounded_all(leaving, CLUSTER_TIMEOUT_S, "leaving the cluster")
+            bounded_all(leaving, CLUSTER_TIMEOUT_S, "leaving the cluster")
 
     # -- wrappers --------------------------------------------------------------------------
     def _wrap_start(self, original: Any) -> Any:

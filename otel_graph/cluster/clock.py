@@ -20,7 +20,7 @@ round trip, ``((t3 - t0) - (t2 - t1)) / 2``, of it, however unevenly the two way
 delayed. The client's exchanges are joining the cluster (:func:`.scheduler.join_cluster`)
 and every traced compute (its context out, the scheduler's ``graph`` event back).
 
-The client puts its estimate in every compute's note (:mod:`.propagation`), as a
+The client puts its estimate in every compute's note (:mod:`.note`), as a
 :class:`Reading` that names the process it was taken in; a worker adds the note's offset
 less its own to its runs' times. A worker in the caller's own process (an in-process
 cluster) has the caller's clock, so its times stay as they are, without either

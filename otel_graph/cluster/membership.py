@@ -7,7 +7,7 @@ instrumented clients, and it listens to the ``otel-graph`` topic, whose events s
 ``dask.graph.tasks`` and add ``dask.worker.lost`` events to its open computes. A client
 that distributed reconnected to a scheduler started anew on the same address is
 attached again at its next traced call (:meth:`ClusterMembership._follow_scheduler`). Waiting
-on the cluster is bounded (:data:`CLUSTER_TIMEOUT_S`); past it the work goes on in the
+on the cluster is bounded (:data:`.bounded.CLUSTER_TIMEOUT_S`); past it the work goes on in the
 background and the caller's call proceeds. ``uninstrument()`` leaves the cluster, and
 the last instrumented client to leave takes the plugins off.
 
@@ -28,21 +28,19 @@ import threading
 import time
 import weakref
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from otel_graph.cluster import adapter
+from otel_graph.cluster.bounded import CLUSTER_TIMEOUT_S, bounded, bounded_all
 from otel_graph.cluster.clock import Clocks, Reading, observe_offsets
-from otel_graph.cluster.propagation import COMPUTE_OP, clock_of, current_task_note, parent_span
+from otel_graph.cluster.note import clock_of, parent_span
+from otel_graph.cluster.propagation import COMPUTE_OP, current_task_note
 from otel_graph.cluster.scheduler import TOPIC, SchedulerTelemetryPlugin, contexts_read, join_cluster, leave_cluster
 from otel_graph.cluster.worker import PLUGIN_NAME, WorkerTelemetryPlugin, flush_worker
 from otel_graph.telemetry.compute_record import ComputeRecord
 
 logger = logging.getLogger("otel_graph")
-
-#: Longest otel_graph waits on a cluster to register, leave or flush before going on.
-CLUSTER_TIMEOUT_S = 10.0
-
 
 def _client_env() -> dict[str, str]:
     return {name: value for name, value in os.environ.items() if name.startswith("OTEL_")}
@@ -56,45 +54,6 @@ def _reconnecting(client: Any) -> bool:
     """Whether the client is between streams: a scheduler's answer read then would be about
     no stream (the graph the client sends next goes on the one it gets), so joining waits."""
     return adapter.scheduler_stream(client) is None and getattr(client, "status", "") == "connecting"
-
-
-def _bounded(work: Callable[[], Any], timeout_s: float, what: str) -> tuple[bool, Any]:
-    """Run ``work`` on a daemon thread; (True, result) if it finished in time, else (False, None).
-
-    distributed's blocking client calls take no deadline and wait on every worker; a
-    paused or dying worker must not hang ``flush()``, ``uninstrument()`` or ``Client()``.
-    """
-    return _bounded_all([work], timeout_s, what)[0]
-
-
-def _bounded_all(works: Sequence[Callable[[], Any]], timeout_s: float, what: str) -> list[tuple[bool, Any]]:
-    """:func:`_bounded` for several calls (one per client) side by side, within one ``timeout_s``
-    in all: one after another, each with its own, made a stuck cluster cost it once per client."""
-    outcomes: list[list[Any]] = [[] for _ in works]
-
-    def run(work: Callable[[], Any], outcome: list[Any]) -> None:
-        try:
-            outcome.append((True, work()))
-        except Exception as exc:  # reported below, by type only
-            outcome.append((False, exc))
-
-    threads = [threading.Thread(target=run, args=(work, outcome), name=f"otel-graph-{what}", daemon=True)
-               for work, outcome in zip(works, outcomes, strict=False)]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + timeout_s
-    for thread in threads:
-        thread.join(max(0.0, deadline - time.monotonic()))
-    results = [outcome[0] if outcome else (False, None) for outcome in outcomes]
-    silent = sum(not outcome for outcome in outcomes)
-    if silent:  # once per call, not once per client of the same stuck cluster
-        clients = f" ({silent} of {len(works)} clients)" if len(works) > 1 else ""
-        logger.warning("otel_graph: the cluster did not answer %s within %.0f s%s; going on without waiting",
-                       what, timeout_s, clients)
-    for ok, value in results:
-        if not ok and value is not None:
-            logger.warning("otel_graph: %s failed: %s", what, type(value).__name__)
-    return [(ok, value if ok else None) for ok, value in results]
 
 
 class ClusterMembership:
@@ -133,7 +92,7 @@ class ClusterMembership:
                 self._attached.discard(client)
             return
         if self._register:
-            _bounded(lambda: self._join(client), CLUSTER_TIMEOUT_S, "registering otel_graph's plugins")
+            bounded(lambda: self._join(client), CLUSTER_TIMEOUT_S, "registering otel_graph's plugins")
         else:
             self._probe(client)
         self._subscribe(client, again=reconnecting)
@@ -242,7 +201,7 @@ class ClusterMembership:
     def _probe(self, client: Any) -> None:
         """A client that registers nothing (inside a worker) asks whether the scheduler reads contexts."""
         stream = adapter.scheduler_stream(client)
-        done, answer = _bounded(lambda: client.run_on_scheduler(contexts_read), CLUSTER_TIMEOUT_S,
+        done, answer = bounded(lambda: client.run_on_scheduler(contexts_read), CLUSTER_TIMEOUT_S,
                                 "asking the scheduler about trace contexts")
         if done and answer == COMPUTE_OP and stream is not None and adapter.scheduler_stream(client) is stream:
             self._streams[client] = stream
@@ -313,7 +272,7 @@ class ClusterMembership:
         # every second and at teardown regardless.
         asked = [functools.partial(client.run, flush_worker, timeout_s=timeout_s) for client in self._waitable()]
         return all(done and all(results.values()) for done, results in
-                   _bounded_all(asked, timeout_s, "flushing the workers"))
+                   bounded_all(asked, timeout_s, "flushing the workers"))
 
     def _waitable(self) -> list[Any]:
         return [client for client in list(self._attached)
@@ -326,7 +285,7 @@ class ClusterMembership:
         by_pid: dict[tuple[str, int], dict[str, int]] = {}
         aggregated = 0
         asked = [functools.partial(client.run, worker_delivery) for client in self._waitable()]
-        for done, results in _bounded_all(asked, timeout_s, "reading the workers' delivery counters"):
+        for done, results in bounded_all(asked, timeout_s, "reading the workers' delivery counters"):
             for address, answer in (results or {}).items() if done else ():
                 if answer is None:
                     continue
@@ -345,7 +304,7 @@ class ClusterMembership:
         observe_offsets(meter_provider, self.clocks)
 
     def clock_for_note(self, client: Any) -> Reading | None:
-        """What a compute's note says of the caller's clock (:func:`.propagation.make_note`):
+        """What a compute's note says of the caller's clock (:func:`.note.make_note`):
         this process's against the client's scheduler; inside a task, that task's caller's."""
         if self._settings.clock == "local":
             return None

@@ -46,13 +46,13 @@ from typing import Any
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from otel_graph.cluster import adapter, compute_totals, ledger
+from otel_graph.cluster.note import traceparent_of
 from otel_graph.cluster.propagation import (
     COMPUTE_OP,
     Routes,
     heard_listening,
     on_compute,
     seal_env,
-    traceparent_of,
     unseal_env,
 )
 from otel_graph.cluster.scheduler_gauges import PLUGIN_NAME, SCHEDULERS, observe_scheduler

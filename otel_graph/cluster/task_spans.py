@@ -38,15 +38,9 @@ from opentelemetry import trace
 
 from otel_graph.cluster import adapter
 from otel_graph.cluster.clock import PROCESS, Reading, known_worker_clock
+from otel_graph.cluster.note import budget_of, clock_of, parent_span, traceparent_of
 from otel_graph.cluster.process import _count_deliveries, _next_session, _ProcessTelemetry
-from otel_graph.cluster.propagation import (
-    awaiting_notes,
-    budget_of,
-    clock_of,
-    parent_span,
-    take_note,
-    traceparent_of,
-)
+from otel_graph.cluster.propagation import awaiting_notes, take_note
 from otel_graph.naming import task_prefix
 from otel_graph.telemetry.attributes import aggregate_attributes, key_text, run_attributes
 from otel_graph.telemetry.function_names import function_names
