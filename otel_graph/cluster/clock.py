@@ -37,11 +37,11 @@ off by the step.
 
 >>> clock = ClockEstimate()
 >>> clock.add(sent=10.000, received=13.004, replied=13.005, returned=10.010, now=0.0)
->>> round(clock.offset_s(now=0.0), 4), round(clock.uncertainty_s(now=0.0), 4)  # the scheduler 3 s ahead
-(-2.9995, 0.0045)
+>>> clock.estimate_ns(now=0.0)  # the scheduler 3 s ahead: (offset, uncertainty) in ns
+(-2999500000, 4500000)
 >>> clock.add(sent=11.000, received=14.001, replied=14.001, returned=11.002, now=1.0)  # a quicker exchange
->>> round(clock.offset_s(now=1.0), 4), round(clock.uncertainty_s(now=1.0), 4)
-(-3.0, 0.001)
+>>> clock.estimate_ns(now=1.0)
+(-3000000000, 1000000)
 """
 
 from __future__ import annotations
@@ -126,16 +126,10 @@ class ClockEstimate:
             best = self._best(time.monotonic() if now is None else now)
         return None if best is None else best.offset_s
 
-    def uncertainty_s(self, *, now: float | None = None) -> float | None:
-        """How far the true offset may lie from :meth:`offset_s`, either way."""
+    def estimate_ns(self, *, now: float | None = None) -> tuple[int, int] | None:
+        """(:meth:`offset_s`, how far the true offset may lie from it either way) in integer
+        nanoseconds, read together; None before any exchange."""
         now = time.monotonic() if now is None else now
-        with self._lock:
-            best = self._best(now)
-        return None if best is None else best.bound_s + DRIFT * (now - best.taken)
-
-    def estimate_ns(self) -> tuple[int, int] | None:
-        """(offset, uncertainty) in integer nanoseconds, read together; None before any exchange."""
-        now = time.monotonic()
         with self._lock:
             best = self._best(now)
         if best is None:
