@@ -251,8 +251,12 @@ def instrument_scheduler(*, tracer_provider: Any = None, meter_provider: Any = N
     # Outside the lock: registering plugins waits on the cluster, and an in-process
     # scheduler's plugin looks up the live handle from the event loop's thread.
     cluster = getattr(handle, "_cluster", None)
-    if client is not None and cluster is not None:
-        cluster.attach(client)
+    if cluster is not None:
+        from otel_graph.cluster.worker import revive_in_process
+
+        revive_in_process()
+        if client is not None:
+            cluster.attach(client)
     return handle
 
 

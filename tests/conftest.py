@@ -6,6 +6,7 @@ import importlib.util
 import os
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,11 +76,11 @@ class Telemetry:
         return found
 
 
-@pytest.fixture
-def telemetry(request: pytest.FixtureRequest) -> Iterator[Telemetry]:
+@contextmanager
+def instrumented(**options: Any) -> Iterator[Telemetry]:
+    """otel_graph on providers of the test's own, with in-memory exporters; uninstrumented on leaving."""
     import otel_graph
 
-    options = getattr(request, "param", {}) or {}
     exporter = InMemorySpanExporter()
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -93,6 +94,12 @@ def telemetry(request: pytest.FixtureRequest) -> Iterator[Telemetry]:
         handle.uninstrument()
         meter_provider.shutdown()
         tracer_provider.shutdown()
+
+
+@pytest.fixture
+def telemetry(request: pytest.FixtureRequest) -> Iterator[Telemetry]:
+    with instrumented(**(getattr(request, "param", {}) or {})) as running:
+        yield running
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:

@@ -393,29 +393,50 @@ def test_the_failed_keys_a_worker_remembers_for_retries_stay_bounded(telemetry, 
     assert len(errors) == 20 and all(s.status.status_code.name == "ERROR" for s in errors)
 
 
-def shift_clock_estimate(x: int) -> int:
+def shift_clock_estimate(shift_s: float) -> tuple[int, int]:
     # A heartbeat while the task runs: the worker's estimate of the scheduler's clock moves.
     from distributed import get_worker
 
-    get_worker().scheduler_delay -= 5.0
-    return x + 1
+    started = time.time_ns()
+    get_worker().scheduler_delay += shift_s
+    return started, time.time_ns()
 
 
-def test_a_task_span_ends_before_its_compute_when_the_clock_estimate_moves(telemetry, client):
-    # The worker stamps a task with the delay of when it began: read with the moved one, it
-    # would end 5 s late, after the compute that waited for it.
+@pytest.mark.parametrize("shift_s", [-5.0, 5.0])
+def test_a_task_span_keeps_its_times_when_the_clock_estimate_moves_while_it_runs(telemetry, client, shift_s):
+    # The worker stamps a task with the delay of when it began: undone with the moved one,
+    # the span would be 5 s off (after the compute that waited for it, or before the task ran).
     worker = next(iter(client.cluster.workers.values()))
     before = worker.scheduler_delay
     try:
-        started = time.time_ns()
-        assert client.submit(shift_clock_estimate, 1, workers=[worker.address], pure=False).result() == 2
-        ended = time.time_ns()
+        started, ended = client.submit(shift_clock_estimate, shift_s, workers=[worker.address], pure=False).result()
     finally:
         worker.scheduler_delay = before
     (root,) = telemetry.roots()
+    assert wait_until(lambda: len(telemetry.children(root)) == 1)
     (task,) = telemetry.children(root)
     assert task.name == "shift_clock_estimate"
-    assert started <= task.start_time <= task.end_time <= min(root.end_time, ended)
+    assert root.start_time <= task.start_time <= started < ended <= task.end_time <= root.end_time
+
+
+def test_a_worker_instrumented_again_stamps_its_next_task_as_any(cluster):
+    # Its telemetry ended with the last uninstrument(); the plugin stays on the worker. The
+    # next task must run in the wrapped runner (its stamp, its NVTX range), not only be read.
+    from conftest import instrumented
+
+    worker = next(iter(cluster.workers.values()))
+    with instrumented(), Client(cluster) as client:
+        assert client.submit(inc, 1, workers=[worker.address], pure=False).result() == 2
+    before = worker.scheduler_delay
+    with instrumented() as again, Client(cluster) as client:
+        try:
+            started, ended = client.submit(shift_clock_estimate, 5.0, workers=[worker.address], pure=False).result()
+        finally:
+            worker.scheduler_delay = before
+        (root,) = again.roots()
+        assert wait_until(lambda: len(again.children(root)) == 1)
+        (task,) = again.children(root)
+    assert root.start_time <= task.start_time <= started < ended <= task.end_time <= root.end_time
 
 
 def clock_readings(x: int) -> tuple[int, int]:

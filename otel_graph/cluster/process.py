@@ -43,9 +43,13 @@ class _ProcessTelemetry:
 
     lock = threading.Lock()
     by_worker: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+    #: The worker plugins set up in this process (revived by :func:`.worker.revive_in_process`).
+    plugins: weakref.WeakSet = weakref.WeakSet()
     nested: Any = None  # (tracker, capture) tracing computes that tasks here start
-    #: Puts distributed's task runners back, while this process's tasks run in NVTX ranges.
+    #: Puts distributed's task runners back (wrapped while this process has workers with
+    #: telemetry); ``runners_ranged``: they run tasks in NVTX ranges.
     unwrap_runners: Callable[[], None] | None = None
+    runners_ranged = False
     #: What the process's span exporter delivered, per worker, until reported.
     deliveries = Deliveries()
     #: The task counts the process's metric exporter delivered (one worker's, with accounts);

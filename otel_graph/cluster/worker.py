@@ -81,21 +81,37 @@ def _run_in_ranges(wanted: bool, worker: Any) -> Ranges | None:
     if not wanted:
         return None
     try:
-        ranges = process_ranges()
+        return process_ranges()
     except Exception as exc:  # ConfigurationError: no binding, or one too old
         logger.warning("otel_graph: no NVTX ranges on worker %s: %s", getattr(worker, "address", "?"), exc)
         return None
-    if ranges is not None and _ProcessTelemetry.unwrap_runners is None:
-        _ProcessTelemetry.unwrap_runners = adapter.run_tasks_within(
-            started=ranges.task_started, ended=ranges.task_ended,
-            range_started=ranges.task_range_started, range_ended=ranges.range_ended)
-    return ranges
+
+
+def _nothing_to_unwrap() -> None:
+    return None
+
+
+def _wrap_runners(ranges: Ranges | None) -> None:
+    """distributed's task runners wrapped (:func:`.adapter.run_tasks_within`), in ``ranges`` if
+    given: once per process, again only to add ranges. Under the process lock."""
+    if _ProcessTelemetry.unwrap_runners is not None:
+        if ranges is None or _ProcessTelemetry.runners_ranged:
+            return
+        _ProcessTelemetry.unwrap_runners()
+    try:
+        _ProcessTelemetry.unwrap_runners = adapter.run_tasks_within(ranges)
+        _ProcessTelemetry.runners_ranged = ranges is not None
+    except Exception as exc:  # a renamed runner: said once, never tried again
+        logger.warning("otel_graph: distributed's task runners not found (%s): no NVTX ranges on workers, and "
+                       "task times shifted by the current scheduler_delay", exc)
+        _ProcessTelemetry.unwrap_runners, _ProcessTelemetry.runners_ranged = _nothing_to_unwrap, True
 
 
 def _unwrap_when_idle() -> None:
     """The last worker's telemetry gone: distributed's task runners as they were. Under the process lock."""
     if not _ProcessTelemetry.by_worker and _ProcessTelemetry.unwrap_runners is not None:
         unwrap, _ProcessTelemetry.unwrap_runners = _ProcessTelemetry.unwrap_runners, None
+        _ProcessTelemetry.runners_ranged = False
         unwrap()
 
 
@@ -115,6 +131,7 @@ def _start(worker: Any, client_env: dict[str, str], *, nested_capture: Callable[
             return None
         address, name = adapter.worker_identity(worker)
         ranges = _run_in_ranges(nvtx or settings.nvtx, worker)
+        _wrap_runners(ranges)
         # Before anything it would close exists (the nested capture, the telemetry): what the
         # workers here recorded becomes spans before the exit hook delivers.
         before_exit(close_at_exit)
@@ -180,6 +197,7 @@ class WorkerTelemetryPlugin(WorkerPlugin):
 
     def setup(self, worker: Any) -> None:
         self._worker = worker
+        _ProcessTelemetry.plugins.add(self)
         try:  # first: the scheduler sends task contexts once this worker says it reads them
             listen_on_worker(worker)
             say_listening(worker)
@@ -197,6 +215,7 @@ class WorkerTelemetryPlugin(WorkerPlugin):
         import asyncio
 
         self._telemetry = None
+        _ProcessTelemetry.plugins.discard(self)
         if not adapter.is_closing(worker):
             # Replaced or removed on a running worker. A replacing plugin's setup runs next,
             # on this same loop turn (returning without awaiting keeps it so, and no task
@@ -265,6 +284,16 @@ def worker_delivery(dask_worker: Any = None) -> tuple[int, dict[str, int]] | Non
     current = telemetry._providers.owned.stats()
     current["tasks_aggregated"] = telemetry.tasks_aggregated
     return os.getpid(), current
+
+
+def revive_in_process() -> None:
+    """On ``instrument_scheduler()``: workers living in this process whose telemetry an
+    ``uninstrument()`` ended start anew now, before their next task runs (its times and its
+    NVTX range are read as any task's), not when it ends."""
+    for plugin in list(_ProcessTelemetry.plugins):
+        telemetry = plugin._telemetry
+        if telemetry is None or telemetry._closing:
+            plugin._revive()
 
 
 def close_in_process() -> None:

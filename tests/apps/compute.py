@@ -60,12 +60,19 @@ def die(how: str) -> None:
     time.sleep(30)  # SIGTERM is delivered asynchronously; never return a result
 
 
+def say(label: str, *values: Any) -> None:
+    """One whole line in one write: a console exporter writing from its own thread must not
+    land between a label and its value."""
+    sys.stdout.write(" ".join(map(str, (label, *values))) + "\n")
+    sys.stdout.flush()
+
+
 def report_flush(handle: Any, timeout_s: float) -> None:
     started = time.monotonic()
     flushed = handle.flush(timeout_s=timeout_s)
     took = time.monotonic() - started
-    print("FLUSHED", flushed, handle.stats(), flush=True)
-    print("FLUSH_SECONDS", took, flush=True)
+    say("FLUSHED", flushed, handle.stats())
+    say("FLUSH_SECONDS", took)
 
 
 def main() -> None:
@@ -99,23 +106,23 @@ def main() -> None:
     try:
         get = {"sync": dask.get, "threads": dask.threaded.get, "processes": dask.multiprocessing.get}
         values = get[args.scheduler](graph, list(graph))
-        print("RESULT", sum(values), flush=True)
+        say("RESULT", sum(values))
     except RuntimeError as exc:
-        print("FAILED", exc, flush=True)
+        say("FAILED", exc)
     except Exception as exc:  # a dead worker process: whatever Dask raises for it
-        print("RAISED", type(exc).__name__, flush=True)
+        say("RAISED", type(exc).__name__)
     for i in range(args.storm):  # a local scheduler stops at a compute's first failure
         try:
             dask.get({("storm", i): (deep_fail, i)}, ("storm", i))
         except ValueError:
             pass
-    print("LAST_COMPUTE_END", time.monotonic(), flush=True)
+    say("LAST_COMPUTE_END", time.monotonic())
     if args.flush_before_wait and handle is not None:
         report_flush(handle, args.flush_timeout)
     if args.built_before_wait and handle is not None:
         handle._tracker.flush(None)  # the building only; the collector may be refusing
     if args.wait_stdin:
-        print("COMPUTED", flush=True)
+        say("COMPUTED")
         sys.stdin.readline()
     if args.flush and handle is not None:
         report_flush(handle, args.flush_timeout)

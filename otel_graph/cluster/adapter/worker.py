@@ -8,8 +8,9 @@ worker's event loop or the thread that runs a task. What is read, as of distribu
   ``dependencies``/``dependents``, ``exception``/``traceback_text``, ``run_spec``;
   the thread that ran it is ``worker.state.threads[key]``.
 * ``compute`` and ``transfer`` start/stops are on the *scheduler's* clock (the
-  worker adds ``worker.scheduler_delay``); ``disk-read``/``disk-write`` are on the
-  worker's own. :func:`task_run` puts them all back on the worker's clock.
+  worker adds ``worker.scheduler_delay``, for a compute the value it passed to the task's
+  runner as ``time_delay``); ``disk-read``/``disk-write`` are on the worker's own.
+  :func:`task_run` puts them all back on the worker's clock.
 * transfers are logged with their bytes in ``worker.transfer_incoming_log``; spilling is
   counted in ``worker.digests_total``.
 * the worker's stream to the scheduler is ``worker.batched_stream`` (a ``BatchedSend``:
@@ -34,7 +35,7 @@ import threading
 import time
 from collections.abc import Callable
 from itertools import islice
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from otel_graph.naming import MAX_DEPENDENCIES, safe_text
 from otel_graph.telemetry.events import ErrorInfo, describe_exception
@@ -103,7 +104,8 @@ def task_run(worker: Any, key: Any, *, note: Any, address: str) -> TaskRun | Non
     from distributed.metrics import time as worker_time  # the clock distributed stamps startstops with
 
     now = worker_time()
-    delay = getattr(worker, "scheduler_delay", 0.0) or 0.0
+    stamped = _stamps.pop(key, None)
+    delay = stamped if stamped is not None else getattr(worker, "scheduler_delay", 0.0) or 0.0
     # The last compute's; start None: it never ran here (end, set with it, then unread).
     start: float | None = None
     end = 0.0
@@ -126,9 +128,10 @@ def task_run(worker: Any, key: Any, *, note: Any, address: str) -> TaskRun | Non
     phases = leading + since
     if start is None:
         return None  # it never ran here (cancelled before executing)
-    # The worker stamped the compute with the scheduler_delay of when it began; a heartbeat may
-    # have changed it since. Read as ending after now, it ended that much earlier: else its
-    # span could end after the compute that waited for it (the client's root of a persist).
+    # Without its stamp (a process pool's task), the compute is undone with the current
+    # scheduler_delay, which a heartbeat may have changed since it began. Read as ending
+    # after now, it ended that much earlier: else its span could end after the compute that
+    # waited for it (the client's root of a persist).
     excess = end - now
     if excess > 0:
         start, end, shift = start - excess, end - excess, _ns(excess)
@@ -216,11 +219,53 @@ def current_task(*, default: Any = None) -> tuple[Any, Any] | Any:
         return default
 
 
-def run_tasks_within(*, started: Callable[[Any], bool], ended: Callable[[], None],
-                     range_started: Callable[[Any], Any], range_ended: Callable[[Any], None]) -> Callable[[], None]:
-    """Run this process's workers' tasks between ``started(key)`` and ``ended()`` (if it started)
-    in the thread that runs them, and ``async def`` tasks between ``range_started(key)`` and
-    ``range_ended(its result)``; returns what puts distributed back as it was.
+#: The ``scheduler_delay`` each task's compute times were stamped with, by key: set by the
+#: runners :func:`run_tasks_within` installs, taken by :func:`task_run`. The worker's
+#: estimate moves at every heartbeat, so today's would misplace a run stamped with
+#: yesterday's. Two workers of one process running one key at once share an entry (the
+#: later wins; the other falls back to the current estimate). Runs never read (cancelled
+#: while executing) are forgotten in bulk past _STAMPS_KEPT.
+_stamps: dict[Any, float] = {}
+_STAMPS_KEPT = 4096
+
+
+def _stamp(key: Any, time_delay: float) -> None:
+    if len(_stamps) >= _STAMPS_KEPT:
+        _stamps.clear()
+    _stamps[key] = time_delay
+
+
+class TaskRanges(Protocol):
+    """What runs a worker's tasks in ranges (:class:`otel_graph.telemetry.nvtx_ranges.Ranges`)."""
+
+    def task_started(self, key: Any) -> bool: ...
+    def task_ended(self) -> None: ...
+    def task_range_started(self, key: Any) -> Any: ...
+    def range_ended(self, handle: Any) -> None: ...
+
+
+class _NoRanges:
+    def task_started(self, key: Any) -> bool:
+        return False
+
+    def task_ended(self) -> None:
+        return None
+
+    def task_range_started(self, key: Any) -> Any:
+        return None
+
+    def range_ended(self, handle: Any) -> None:
+        return None
+
+
+def run_tasks_within(ranges: TaskRanges | None = None) -> Callable[[], None]:
+    """Wrap the runners of this process's workers' tasks; returns what puts distributed back
+    as it was.
+
+    Each run's ``time_delay`` is kept for :func:`task_run`. With ``ranges``, a task on a thread
+    runs between ``task_started(key)`` and ``task_ended()`` (if it started), in the thread
+    that runs it, and an ``async def`` task between ``task_range_started(key)`` and
+    ``range_ended(its result)``.
 
     Tasks on a thread pool executor only: distributed sends another executor (a process pool)
     ``_run_task_simple`` by name, pickled when the pool gets to it, and a wrapper put back in
@@ -230,10 +275,14 @@ def run_tasks_within(*, started: Callable[[Any], bool], ended: Callable[[], None
     import distributed.worker as module
 
     run_threaded, run_async = module._run_task, module._run_task_async
+    hooks: TaskRanges = ranges if ranges is not None else _NoRanges()
+    started, ended, range_started, range_ended = (hooks.task_started, hooks.task_ended, hooks.task_range_started,
+                                                  hooks.range_ended)
 
     @functools.wraps(run_threaded)
     def _run_task(task: Any, data: Any, execution_state: Any, key: Any, active_threads: Any,
                   active_threads_lock: Any, time_delay: float) -> Any:
+        _stamp(key, time_delay)
         pushed = started(key)
         try:
             return run_threaded(task, data, execution_state, key, active_threads, active_threads_lock, time_delay)
@@ -243,6 +292,7 @@ def run_tasks_within(*, started: Callable[[Any], bool], ended: Callable[[], None
 
     @functools.wraps(run_async)
     async def _run_task_async(task: Any, data: Any, time_delay: float) -> Any:
+        _stamp(task.key, time_delay)
         handle = range_started(task.key)
         try:
             return await run_async(task, data, time_delay)
