@@ -155,6 +155,37 @@ def test_a_client_whose_clock_is_off_keeps_its_own_timeline(receiver, cluster, s
 
 
 @pytest.mark.slow
+def test_a_compute_a_task_starts_on_a_skewed_worker_is_drawn_on_the_callers_timeline(receiver, cluster):
+    env = subprocesses.otlp_env(receiver.grpc_endpoint, service="clocks")
+    address = cluster(env, skew_s=3.0)
+    app = run_app("--scheduler", address, "--wait-workers", "2", "--workload", "nested-skewed", "--flush", env=env)
+    assert app.value("RESULT") == "6"
+
+    def find(r: OtlpReceiver) -> tuple[dict, dict, list[dict]] | None:
+        spans = r.spans()
+        outer = [s for s in spans if s["attributes"].get("dask.task.key") == "outer-0"]
+        inner = [s for s in spans if str(s["attributes"].get("dask.task.key", "")).startswith("inner-")]
+        if not outer or len(inner) < 3:
+            return None
+        (nested,) = [s for s in spans if s["name"] == "dask.compute" and s["span_id"] == inner[0]["parent_span_id"]]
+        return outer[0], nested, inner
+
+    assert receiver.wait_for(lambda r: find(r) is not None, timeout_s=60), sorted(s["name"] for s in receiver.spans())
+    found = find(receiver)
+    assert found is not None
+    outer, nested, inner = found
+    # Made on the skewed worker, moved back by its 3 s: inside the task that started it.
+    assert abs(nested["attributes"]["dask.clock.correction"] + 3.0) <= nested["attributes"]["dask.clock.uncertainty"] \
+        + MARGIN_S
+    slack = tolerance_ns(outer, nested)
+    assert outer["start_ns"] - slack <= nested["start_ns"] <= nested["end_ns"] <= outer["end_ns"] + slack, \
+        f"the nested compute starts {(nested['start_ns'] - outer['start_ns']) / 1e9:.3f} s into its task"
+    for task in inner:  # ran on fast, placed by the note the nested compute carried
+        slack = tolerance_ns(nested, task)
+        assert nested["start_ns"] - slack <= task["start_ns"] <= task["end_ns"] <= nested["end_ns"] + slack
+
+
+@pytest.mark.slow
 def test_local_clocks_are_kept_when_asked(receiver, cluster):
     env = subprocesses.otlp_env(receiver.grpc_endpoint, service="clocks", OTEL_GRAPH_CLOCK="local")
     address = cluster(env, skew_s=3.0)

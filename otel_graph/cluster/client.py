@@ -42,9 +42,10 @@ from opentelemetry import trace
 
 from otel_graph.cluster import adapter
 from otel_graph.cluster.bounded import CLUSTER_TIMEOUT_S, bounded_all
+from otel_graph.cluster.clock import worker_placement
 from otel_graph.cluster.membership import ClusterMembership
-from otel_graph.cluster.note import make_note, parent_span
-from otel_graph.cluster.propagation import compute_message, current_task_note
+from otel_graph.cluster.note import clock_of, make_note, parent_span
+from otel_graph.cluster.propagation import compute_message, note_of
 from otel_graph.cluster.spans import SpanCapture, drop_own_frame, span_attributes, stand_ins
 
 logger = logging.getLogger("otel_graph")
@@ -235,19 +236,29 @@ class ClusterCapture(ClusterMembership):
             logger.debug("otel_graph: could not watch a compute's futures", exc_info=True)
         return result
 
+    def _begin_inside(self, task_compute: trace.Span, worker: Any, note: str | None) -> Any:
+        """A compute a task started: under the task's compute, and on its caller's timeline."""
+        shift_ns, clock = (0, {}) if self._settings.clock == "local" else worker_placement(worker, clock_of(note))
+        token = otel_context.attach(trace.set_span_in_context(task_compute))
+        try:
+            record = self._tracker.begin("distributed", shift_ns=shift_ns)
+        finally:
+            otel_context.detach(token)
+        if record is not None and clock:
+            record.span.set_attributes(clock)
+        return record
+
     def _begin(self, outer: list[Any]) -> Any:
         """Open the compute span; ``outer`` gets the spans opened around it (:func:`.spans.stand_ins`)."""
         current = trace.get_current_span()
-        inside = parent_span(current_task_note())
+        running = adapter.current_task(default=None)
+        note = note_of(*running) if running is not None else None
+        inside = parent_span(note)
         # Inside a task, nest under the task's compute, unless the task's own code opened a
         # span of that trace. A thread of an in-process worker may carry an unrelated
         # context (wherever the cluster was started), which must not win.
         if inside is not None and current.get_span_context().trace_id != inside.get_span_context().trace_id:
-            token = otel_context.attach(trace.set_span_in_context(inside))
-            try:
-                return self._tracker.begin("distributed")
-            finally:
-                otel_context.detach(token)
+            return self._begin_inside(inside, running[0], note)
         # Not inside a task: distributed puts the task's own span in its annotations, and
         # its compute already stands for it. Not in a forked child: nothing is traced there.
         if adapter.current_task(default=None) is None and not self._tracker.forked:

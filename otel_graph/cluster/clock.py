@@ -24,7 +24,8 @@ The client puts its estimate in every compute's note (:mod:`.note`), as a
 :class:`Reading` that names the process it was taken in; a worker adds the note's offset
 less its own to its runs' times. A worker in the caller's own process (an in-process
 cluster) has the caller's clock, so its times stay as they are, without either
-estimate's error. Spans carry what was applied:
+estimate's error. :func:`placement` is that rule, for task spans and for the
+``dask.compute`` span of a compute that a task starts. Spans carry what was applied:
 ``dask.clock.correction`` (seconds added to the worker's own clock) and
 ``dask.clock.uncertainty`` (seconds either way). ``OTEL_GRAPH_CLOCK=local`` keeps each
 process's own clock instead.
@@ -175,6 +176,34 @@ def worker_clock(worker: Any) -> ClockEstimate:
 
 def known_worker_clock(worker: Any) -> ClockEstimate | None:
     return _BY_WORKER.get(worker)
+
+
+def placement(caller: Reading | None, here: tuple[int, int] | None) -> tuple[int, dict[str, float]]:
+    """How to put this process's times for a compute on its caller's timeline: the
+    nanoseconds to add, and the ``dask.clock.*`` attributes that say so (empty: none
+    applied). ``caller`` is the note's reading; ``here``, this worker's clock minus the
+    scheduler's and its uncertainty, in ns, as it is now: the caller's clock minus this
+    one's is the note's offset less it. In the caller's own process it is the caller's
+    clock: nothing to move, nothing uncertain.
+
+    >>> placement(Reading(-3_000_000_000, 1_000_000, "elsewhere"), (0, 500_000))
+    (-3000000000, {'dask.clock.correction': -3.0, 'dask.clock.uncertainty': 0.0015})
+    >>> placement(Reading(-3_000_000_000, 1_000_000, "elsewhere"), None)  # not measured here yet
+    (0, {})
+    """
+    if caller is not None and caller.process == PROCESS:
+        return 0, {"dask.clock.correction": 0.0, "dask.clock.uncertainty": 0.0}
+    if caller is None or here is None:
+        return 0, {}
+    shift_ns = caller.offset_ns - here[0]
+    return shift_ns, {"dask.clock.correction": shift_ns / 1e9,
+                      "dask.clock.uncertainty": (caller.uncertainty_ns + here[1]) / 1e9}
+
+
+def worker_placement(worker: Any, caller: Reading | None) -> tuple[int, dict[str, float]]:
+    """:func:`placement` for ``worker``, with its estimate as it is now."""
+    clock = _BY_WORKER.get(worker) if worker is not None else None
+    return placement(caller, clock.estimate_ns() if clock is not None else None)
 
 
 class Offsets(Protocol):

@@ -37,7 +37,7 @@ from typing import Any
 from opentelemetry import trace
 
 from otel_graph.cluster import adapter
-from otel_graph.cluster.clock import PROCESS, Reading, known_worker_clock
+from otel_graph.cluster.clock import Reading, known_worker_clock, placement
 from otel_graph.cluster.note import budget_of, clock_of, parent_span, traceparent_of
 from otel_graph.cluster.process import _count_deliveries, _next_session, _ProcessTelemetry
 from otel_graph.cluster.propagation import awaiting_notes, take_note
@@ -108,20 +108,12 @@ class _Trace:
                 failed[slot] = earlier + 1
         return len(failed) > before
 
-    def place(self, worker: tuple[int, int] | None) -> None:
-        """Put this compute's spans from here on the caller's timeline, with ``worker``
-        (this worker's clock minus the scheduler's, and its uncertainty, in ns) as it
-        is now: the caller's minus this worker's is the note's offset less it. In the
-        caller's own process it is the caller's clock: nothing to move, nothing uncertain."""
-        caller = self.caller
-        if caller is not None and caller.process == PROCESS:
-            self.clock = {"dask.clock.correction": 0.0, "dask.clock.uncertainty": 0.0}
-            return
-        if caller is None or worker is None:
-            return
-        self.shift_ns = caller.offset_ns - worker[0]
-        self.clock = {"dask.clock.correction": self.shift_ns / 1e9,
-                      "dask.clock.uncertainty": (caller.uncertainty_ns + worker[1]) / 1e9}
+    def place(self, here: tuple[int, int] | None) -> None:
+        """Put this compute's spans from here on the caller's timeline (:func:`.clock.placement`),
+        with ``here`` this worker's clock against the scheduler's as it is now."""
+        shift_ns, clock = placement(self.caller, here)
+        if clock:  # else as placed before (nothing measured here yet)
+            self.shift_ns, self.clock = shift_ns, clock
 
     def settle(self) -> None:
         if self.dirty:

@@ -55,7 +55,8 @@ class ComputeRecord:
                  "lost", "seen", "in_spans", "graph", "state", "plan", "sampled", "graph_tasks", "cluster",
                  "cluster_events", "task_span_ids", "caller", "parents", "assign_ids", "in_backlog",
                  "progress_ns", "progress_spans", "outer", "claimed", "inline", "batch", "span_context",
-                 "early_at", "drain_soon", "nvtx_range", "job", "fingerprint", "failed_tasks", "output_bytes")
+                 "early_at", "drain_soon", "nvtx_range", "job", "fingerprint", "failed_tasks", "output_bytes",
+                 "shift_ns")
 
     def __init__(self, scheduler: str, span: trace.Span, start_ns: int, *, assign_ids: bool = False,
                  context: Context | None = None) -> None:
@@ -86,6 +87,10 @@ class ComputeRecord:
         self.parents: dict[int, tuple[TaskParent, Context]] = {self.caller: (parent, self.context)}
         self.start_ns = start_ns
         self.end_ns: int | None = None
+        #: Added to this process's clock for the compute's own spans (its root, its progress):
+        #: a compute a task started in a worker process is drawn on its caller's timeline
+        #: (:mod:`otel_graph.cluster.clock`). Set as it begins; 0 elsewhere.
+        self.shift_ns = 0
         self.error: BaseException | None = None
         #: The compute's NVTX range (otel_graph.telemetry.nvtx_ranges), where one was started.
         self.nvtx_range: int | None = None

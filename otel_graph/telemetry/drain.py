@@ -175,7 +175,7 @@ class Drainer:
                 logger.debug("otel_graph: failed to emit a progress span", exc_info=True)
             return
         settled = record.seen + record.lost >= record.submitted
-        if settled or time.time_ns() - record.end_ns > STRAGGLER_WAIT_NS:
+        if settled or time.time_ns() + record.shift_ns - record.end_ns > STRAGGLER_WAIT_NS:
             self.finish(record, plan)
 
     def _drain_whole(self, record: ComputeRecord) -> None:
@@ -281,7 +281,7 @@ class Drainer:
     def _progress(self, record: ComputeRecord) -> None:
         if not record.sampled:
             return
-        now = time.time_ns()
+        now = time.time_ns() + record.shift_ns
         since, wait = ((record.start_ns, FIRST_PROGRESS_NS) if record.progress_ns is None else
                        (record.progress_ns, self._progress_ns << (record.progress_spans // PROGRESS_SPANS_PER_STEP)))
         if now - since < wait:
@@ -400,7 +400,7 @@ class Drainer:
         self._forget(record)
         record.span.set_attribute("dask.graph.tasks", record.seen)
         record.span.set_attribute("otel_graph.processing_error", True)
-        record.span.end(end_time=record.end_ns or time.time_ns())
+        record.span.end(end_time=record.end_ns or time.time_ns() + record.shift_ns)
         _end_outer(record, record.end_ns)
 
 

@@ -181,11 +181,13 @@ class Tracker:
                             encoding=getattr(self._emitter, "encoding", None))
 
     # -- called from capture, on the user's threads ------------------------------------
-    def begin(self, scheduler: str) -> ComputeRecord | None:
+    def begin(self, scheduler: str, *, shift_ns: int = 0) -> ComputeRecord | None:
+        """A compute begins, now; ``shift_ns`` is added to this process's clock for its own
+        spans (:attr:`ComputeRecord.shift_ns`)."""
         if self._forked:  # a process forked from this one's (otel_graph.export.forks): untraced
             forked_child_drops("computes")
             return None
-        start = time.time_ns()
+        start = time.time_ns() + shift_ns
         light = scheduler != "distributed" and self._queues_only is not None and self._queues_only() \
             and self._tracer_enabled()
         if light:
@@ -200,6 +202,7 @@ class Tracker:
             span = self._tracer.start_span("dask.compute", context=under_launcher(self._launcher), start_time=start,
                                            attributes={"dask.scheduler": scheduler, "dask.compute.name": job})
         record = ComputeRecord(scheduler, span, start, assign_ids=self._assign_ids, context=context)
+        record.shift_ns = shift_ns
         record.job = job
         record.inline = light
         if self._ranges is not None:
@@ -218,7 +221,7 @@ class Tracker:
         if record.nvtx_range is not None:
             cast("Ranges", self._ranges).range_ended(record.nvtx_range)
         record.error = error  # before end_ns: a drain in between must not see a failure as success
-        record.end_ns = end_ns = time.time_ns()
+        record.end_ns = end_ns = time.time_ns() + record.shift_ns
         # all_reported(), inline: a call fewer per compute
         if record.inline and record.submitted <= INLINE_MAX_TASKS \
                 and record.seen + len(record.sink) + record.lost >= record.submitted \
@@ -429,7 +432,7 @@ class Tracker:
 
     def _close_incomplete(self, record: ComputeRecord) -> None:
         if record.end_ns is None:
-            record.end_ns = time.time_ns()
+            record.end_ns = time.time_ns() + record.shift_ns
             record.span.set_attribute("otel_graph.incomplete", True)
         self._drainer.drain(record)
         if record in self._records:  # not settled: finish it anyway

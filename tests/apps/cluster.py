@@ -9,7 +9,8 @@ Configured the user's way, through OTEL_* variables, plus arguments:
 ``--workload NAME``      sum (default), fail, transfer, spill, persist, kill, many,
                          retry, map, nested, slow, pause, stall, jobs, chain (on
                          workers named fast and skewed), chain-jump (the skewed worker's
-                         clock jumps by a second mid-compute)
+                         clock jumps by a second mid-compute), nested-skewed (a task on
+                         skewed computes a graph of its own)
 ``--memory-limit TEXT``  per-worker memory limit (for spill)
 ``--parent``             run the compute inside a span of the app's own
 ``--flush``              call handle.flush() before closing the client, print FLUSHED
@@ -138,6 +139,21 @@ def step(x: int, jump_s: float = 0.0) -> int:
     return x + 1
 
 
+def nested_steps(n: int) -> int:
+    from distributed import get_client
+
+    graph = {f"inner-{i}": (step, i) for i in range(n)}
+    return sum(get_client().get(graph, list(graph)))
+
+
+def nested_on_skewed(client: Client) -> int:
+    """outer-0, on the worker named skewed, computes inner-0..2 (which run on fast: outer-0
+    holds skewed's one thread)."""
+    by_name = {info["name"]: address for address, info in client.scheduler_info(n_workers=-1)["workers"].items()}
+    return client.submit(nested_steps, 3, key="outer-0", workers=[by_name["skewed"]], allow_other_workers=False,
+                         pure=False).result()
+
+
 def chain(client: Client, *, jump_s: float = 0.0) -> int:
     """chain-a -> chain-b -> chain-c run on the workers named fast, skewed, fast, in one compute."""
     by_name = {info["name"]: address for address, info in client.scheduler_info(n_workers=-1)["workers"].items()}
@@ -158,6 +174,8 @@ def workload(client: Client, name: str, workers: list[str]) -> object:
         return chain(client)
     if name == "chain-jump":
         return chain(client, jump_s=1.0)
+    if name == "nested-skewed":
+        return nested_on_skewed(client)
     if name == "sum":
         graph = {f"inc-{i}": (inc, i) for i in range(20)}
         graph["total"] = (sum, [f"inc-{i}" for i in range(20)])
