@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -29,6 +30,7 @@ CHAIN = ("chain-a", "chain-b", "chain-c", "chain-d")
 ON_SKEWED = {"chain-b", "chain-d"}
 #: What a correction may be off by, besides the uncertainty a span states, on one machine.
 MARGIN_S = 0.002
+T = TypeVar("T")
 run_app = partial(subprocesses.run_app, subprocesses.APPS / "cluster.py")
 
 
@@ -84,6 +86,11 @@ def chain_trace(receiver: OtlpReceiver) -> tuple[dict, dict[str, dict]]:
         (root,) = [s for s in roots if s["span_id"] == tasks["chain-a"]["parent_span_id"]]
         return root, tasks
 
+    return arrived(receiver, find)
+
+
+def arrived(receiver: OtlpReceiver, find: Callable[[OtlpReceiver], T | None]) -> T:
+    """What ``find`` reads off the receiver, once it finds it (within a minute)."""
     assert receiver.wait_for(lambda r: find(r) is not None, timeout_s=60), sorted(s["name"] for s in receiver.spans())
     found = find(receiver)
     assert found is not None
@@ -170,10 +177,7 @@ def test_a_compute_a_task_starts_on_a_skewed_worker_is_drawn_on_the_callers_time
         (nested,) = [s for s in spans if s["name"] == "dask.compute" and s["span_id"] == inner[0]["parent_span_id"]]
         return outer[0], nested, inner
 
-    assert receiver.wait_for(lambda r: find(r) is not None, timeout_s=60), sorted(s["name"] for s in receiver.spans())
-    found = find(receiver)
-    assert found is not None
-    outer, nested, inner = found
+    outer, nested, inner = arrived(receiver, find)
     # Made on the skewed worker, moved back by its 3 s: inside the task that started it.
     assert abs(nested["attributes"]["dask.clock.correction"] + 3.0) <= nested["attributes"]["dask.clock.uncertainty"] \
         + MARGIN_S

@@ -261,7 +261,7 @@ class ClusterCapture(ClusterMembership):
             return self._begin_inside(inside, running[0], note)
         # Not inside a task: distributed puts the task's own span in its annotations, and
         # its compute already stands for it. Not in a forked child: nothing is traced there.
-        if adapter.current_task(default=None) is None and not self._tracker.forked:
+        if running is None and not self._tracker.forked:
             outer.extend(stand_ins(self._tracker.tracer, launcher=self._tracker.launcher))
         if not outer:
             return self._tracker.begin("distributed")

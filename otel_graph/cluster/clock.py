@@ -202,7 +202,7 @@ def placement(caller: Reading | None, here: tuple[int, int] | None) -> tuple[int
 
 def worker_placement(worker: Any, caller: Reading | None) -> tuple[int, dict[str, float]]:
     """:func:`placement` for ``worker``, with its estimate as it is now."""
-    clock = _BY_WORKER.get(worker) if worker is not None else None
+    clock = known_worker_clock(worker) if worker is not None else None
     return placement(caller, clock.estimate_ns() if clock is not None else None)
 
 
