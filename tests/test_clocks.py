@@ -190,6 +190,41 @@ def test_a_compute_a_task_starts_on_a_skewed_worker_is_drawn_on_the_callers_time
 
 
 @pytest.mark.slow
+def test_spans_a_tasks_own_code_starts_on_a_skewed_worker_are_drawn_on_the_callers_timeline(receiver, cluster):
+    env = subprocesses.otlp_env(receiver.grpc_endpoint, service="clocks")
+    address = cluster(env, skew_s=3.0)
+    app = run_app("--scheduler", address, "--wait-workers", "2", "--workload", "user-spans-skewed", "--flush",
+                  env=env)
+    assert app.value("RESULT") == "4"
+
+    def find(r: OtlpReceiver) -> list[tuple[dict, dict, dict]] | None:
+        spans = r.spans()
+        by_id = {s["span_id"]: s for s in spans}
+        found = []
+        for step in (s for s in spans if s["name"] == "user.step"):
+            task = by_id.get(step["parent_span_id"])
+            root = by_id.get(task["parent_span_id"]) if task is not None else None
+            if root is None:
+                return None
+            found.append((root, task, step))
+        return found if len(found) == 2 else None
+
+    for root, task, step in arrived(receiver, find):
+        key = task["attributes"]["dask.task.key"]
+        expected = -3.0 if key == "traced-skewed" else 0.0
+        attributes = step["attributes"]
+        assert abs(attributes["dask.clock.correction"] - expected) <= attributes["dask.clock.uncertainty"] + MARGIN_S
+        assert attributes["dask.clock.correction"] == task["attributes"]["dask.clock.correction"], \
+            "moved as its task was"
+        slack = tolerance_ns(task, step)
+        assert task["start_ns"] - slack <= step["start_ns"] <= step["end_ns"] <= task["end_ns"] + slack, \
+            f"{key}'s span starts {(step['start_ns'] - task['start_ns']) / 1e9:.3f} s into its task"
+        assert root["start_ns"] - slack <= step["start_ns"] <= step["end_ns"] <= root["end_ns"] + slack
+        (event,) = step["events"]
+        assert step["start_ns"] < event["time_ns"] < step["end_ns"], "its events moved with it"
+
+
+@pytest.mark.slow
 def test_local_clocks_are_kept_when_asked(receiver, cluster):
     env = subprocesses.otlp_env(receiver.grpc_endpoint, service="clocks", OTEL_GRAPH_CLOCK="local")
     address = cluster(env, skew_s=3.0)

@@ -291,7 +291,7 @@ def test_a_compute_started_inside_a_task_on_a_worker_process_nests_in_the_trace(
 
 def _assert_nested(receiver: OtlpReceiver) -> None:
     """The ``nested`` workload's three inner tasks under one compute, a child of the outer
-    task's compute, all in the outer task's trace."""
+    task's span (current while it ran), all in the outer task's trace."""
 
     def both(r: OtlpReceiver) -> bool:
         return len([s for s in r.spans() if s["name"] == "inner"]) == 3 and any(
@@ -306,7 +306,7 @@ def _assert_nested(receiver: OtlpReceiver) -> None:
     (inner_compute_id,) = inner_computes
     inner_compute = by_id[inner_compute_id]
     assert inner_compute["name"] == outer_compute["name"] == "dask.compute"
-    assert inner_compute["parent_span_id"] == outer_compute["span_id"]
+    assert inner_compute["parent_span_id"] == outer["span_id"]
     assert {s["trace_id"] for s in spans if s["name"] in ("inner", "outer", "dask.compute")} == {outer["trace_id"]}
 
 

@@ -236,10 +236,10 @@ class ClusterCapture(ClusterMembership):
             logger.debug("otel_graph: could not watch a compute's futures", exc_info=True)
         return result
 
-    def _begin_inside(self, task_compute: trace.Span, worker: Any, note: str | None) -> Any:
-        """A compute a task started: under the task's compute, and on its caller's timeline."""
+    def _begin_inside(self, parent: trace.Span, worker: Any, note: str | None) -> Any:
+        """A compute a task started: under ``parent`` (of the task's trace), on its caller's timeline."""
         shift_ns, clock = (0, {}) if self._settings.clock == "local" else worker_placement(worker, clock_of(note))
-        token = otel_context.attach(trace.set_span_in_context(task_compute))
+        token = otel_context.attach(trace.set_span_in_context(parent))
         try:
             record = self._tracker.begin("distributed", shift_ns=shift_ns)
         finally:
@@ -254,11 +254,13 @@ class ClusterCapture(ClusterMembership):
         running = adapter.current_task(default=None)
         note = note_of(*running) if running is not None else None
         inside = parent_span(note)
-        # Inside a task, nest under the task's compute, unless the task's own code opened a
-        # span of that trace. A thread of an in-process worker may carry an unrelated
-        # context (wherever the cluster was started), which must not win.
-        if inside is not None and current.get_span_context().trace_id != inside.get_span_context().trace_id:
-            return self._begin_inside(inside, running[0], note)
+        # Inside a task, nest under the current span where it is of the task's trace (the
+        # task's own: .inside_tasks; or one its code opened), else under the task's compute.
+        # A thread of an in-process worker may carry an unrelated context (wherever the
+        # cluster was started), which must not win.
+        if inside is not None:
+            same_trace = current.get_span_context().trace_id == inside.get_span_context().trace_id
+            return self._begin_inside(current if same_trace else inside, running[0], note)
         # Not inside a task: distributed puts the task's own span in its annotations, and
         # its compute already stands for it. Not in a forked child: nothing is traced there.
         if running is None and not self._tracker.forked:

@@ -19,7 +19,9 @@ It carries the core task attributes, with ``dask.worker.id`` the worker's addres
 allows retries carries ``dask.task.retries``; a run of a key that failed on this worker
 earlier in the same compute (a retry landing here) carries ``dask.task.attempt``.
 
-Each worker applies its share of the compute's span budget, and since it cannot know
+A task whose code asked for the current span while it ran (:mod:`.inside_tasks`) gets
+its own span, with the id its code was given, whatever the budget. Each worker applies
+its share of the compute's span budget, and since it cannot know
 when a compute ends, it settles a compute (kept slow tasks, one aggregate per prefix)
 once it has run no task of it for :data:`SETTLE_AFTER_S`, and on every flush. Tasks that
 carry no trace context (a client that is not instrumented) still count in the metrics.
@@ -38,6 +40,7 @@ from opentelemetry import trace
 
 from otel_graph.cluster import adapter
 from otel_graph.cluster.clock import Reading, known_worker_clock, placement
+from otel_graph.cluster.inside_tasks import given_ids
 from otel_graph.cluster.note import budget_of, clock_of, parent_span, traceparent_of
 from otel_graph.cluster.process import _count_deliveries, _next_session, _ProcessTelemetry
 from otel_graph.cluster.propagation import awaiting_notes, take_note
@@ -60,6 +63,7 @@ _MAX_FAILED_TRACKED = 10_000  # per compute; a retry of a failure past it reads 
 #: _MAX_FAILED_TRACKED bounded them.
 _MAX_FAILED_HELD = 100_000
 _WORKER_DRAIN_S = 1.0
+_NO_EXTRA: dict[str, Any] = {}
 #: Runs recorded before the drain thread is woken early: bounds what waits between drains
 #: (a worker can finish 20,000 small tasks a second; each record holds ~300 B and a run_spec).
 _DRAIN_AT = 4096
@@ -72,7 +76,7 @@ class _Trace:
     compute arriving later spend what is left of its budget rather than a fresh one.
     """
 
-    __slots__ = ("parent", "plan", "last_seen", "dirty", "failed", "caller", "shift_ns", "clock")
+    __slots__ = ("parent", "plan", "last_seen", "dirty", "failed", "caller", "shift_ns", "clock", "kept")
 
     def __init__(self, parent: trace.Span, *, caller: Reading | None) -> None:
         self.parent, self.last_seen, self.dirty = parent, time.monotonic(), False
@@ -86,6 +90,9 @@ class _Trace:
         self.clock: dict[str, float] = {}
         #: hash(key): failed runs here, for the keys of this compute that failed on this worker.
         self.failed: dict[int, int] = {}
+        #: Keys of the runs being planned whose code was given their span's id (.inside_tasks):
+        #: their spans are emitted whatever the budget (the plan's ``keep``).
+        self.kept: set[Any] = set()
 
     def number_attempts(self, runs: list[adapter.TaskRun]) -> bool:
         """Mark a run of a key that failed here before in this compute (a retry) with its attempt.
@@ -162,6 +169,16 @@ class WorkerTelemetry:
             _ProcessTelemetry.accounts[self.address] = self
             self.report_deliveries()  # joins the ledger, ahead of any task-finished of ours
 
+    @property
+    def assigns_span_ids(self) -> bool:
+        """Whether a task's span can be given the id its code was handed (:mod:`.inside_tasks`)."""
+        return bool(getattr(self._emitter, "sets_span_ids", False))
+
+    @property
+    def local(self) -> bool:
+        """Whether spans keep this worker's clock (``OTEL_GRAPH_CLOCK=local``)."""
+        return self._local
+
     # -- on the worker's event loop ------------------------------------------------------
     def record(self, worker: Any, key: Any) -> None:
         if self._closing:  # closed while a plugin still points here: nothing will drain it
@@ -173,6 +190,9 @@ class WorkerTelemetry:
             return
         if run is None:
             return
+        span_id = given_ids.pop(key, 0) if given_ids else 0
+        if span_id:
+            run = run._replace(span_id=span_id)
         if not self._joined and self.keeps_accounts:
             # Joins the ledger ahead of this run's task-finished message, which the worker
             # sends after this hook: a worker set up before it was connected (--preload)
@@ -309,7 +329,10 @@ class WorkerTelemetry:
                     state.place(here)
                     if state.number_attempts(runs):
                         self._bound_failed()
+                    kept = state.kept
+                    kept.update(run.key for run in runs if run.span_id)
                     state.plan.add(runs, run_prefixes)
+                    kept.clear()
         # A compute quiet here for a while has (probably) ended on this worker: settle it.
         # Not at the first quiet drain: tasks slower than a drain would each become a
         # one-task aggregate span.
@@ -356,7 +379,8 @@ class WorkerTelemetry:
             return None
         state = _Trace(parent, caller=None if self._local else clock_of(note))
         state.plan = SpanPlan(budget=budget_of(note), emit=lambda ev, prefix: self._task_span(state, ev, prefix),
-                              emit_aggregate=lambda agg: self._aggregate_span(state, agg), hold=_without_run_spec)
+                              emit_aggregate=lambda agg: self._aggregate_span(state, agg), keep=state.kept,
+                              hold=_without_run_spec)
         self._traces[traceparent] = state
         while len(self._traces) > _MAX_TRACES:
             self._traces.popitem(last=False)[1].settle()
@@ -374,9 +398,12 @@ class WorkerTelemetry:
         attributes = self._attributes(run, prefix)
         attributes.update(state.clock)
         shift = state.shift_ns
-        context = self._emitter.emit(parent=state.parent, name=self._metrics.span_name(prefix),
-                                     start_ns=run.start_ns + shift, end_ns=run.end_ns + shift, attributes=attributes,
-                                     error=run.error)
+        emitter = self._emitter
+        # Only a DirectEmitter gives ids out (sets_span_ids), and only it takes span_id=.
+        extra = {"span_id": run.span_id} if run.span_id and getattr(emitter, "sets_span_ids", False) else _NO_EXTRA
+        context = emitter.emit(parent=state.parent, name=self._metrics.span_name(prefix),
+                               start_ns=run.start_ns + shift, end_ns=run.end_ns + shift, attributes=attributes,
+                               error=run.error, **extra)
         if run.phases and context is not None:
             task = trace.NonRecordingSpan(context)
             for phase in run.phases:

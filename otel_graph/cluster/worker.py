@@ -31,6 +31,7 @@ from typing import Any
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from otel_graph.cluster import adapter
+from otel_graph.cluster.inside_tasks import TaskContexts, placed
 from otel_graph.cluster.process import (
     _deliver_on_sigterm,
     _observe_spill,
@@ -91,6 +92,14 @@ def _nothing_to_unwrap() -> None:
     return None
 
 
+def _telemetry_of(worker: Any) -> WorkerTelemetry | None:
+    return _ProcessTelemetry.by_worker.get(worker) if worker is not None else None
+
+
+#: The running task's span current inside it, on every worker of this process with telemetry.
+_CONTEXTS = TaskContexts(_telemetry_of)
+
+
 def _wrap_runners(ranges: Ranges | None) -> None:
     """distributed's task runners wrapped (:func:`.adapter.run_tasks_within`), in ``ranges`` if
     given: once per process, again only to add ranges. Under the process lock."""
@@ -99,11 +108,11 @@ def _wrap_runners(ranges: Ranges | None) -> None:
             return
         _ProcessTelemetry.unwrap_runners()
     try:
-        _ProcessTelemetry.unwrap_runners = adapter.run_tasks_within(ranges)
+        _ProcessTelemetry.unwrap_runners = adapter.run_tasks_within(ranges, contexts=_CONTEXTS)
         _ProcessTelemetry.runners_ranged = ranges is not None
     except Exception as exc:  # a renamed runner: said once, never tried again
-        logger.warning("otel_graph: distributed's task runners not found (%s): no NVTX ranges on workers, and "
-                       "task times shifted by the current scheduler_delay", exc)
+        logger.warning("otel_graph: distributed's task runners not found (%s): no task context inside tasks, no "
+                       "NVTX ranges on workers, and task times shifted by the current scheduler_delay", exc)
         _ProcessTelemetry.unwrap_runners, _ProcessTelemetry.runners_ranged = _nothing_to_unwrap, True
 
 
@@ -141,6 +150,9 @@ def _start(worker: Any, client_env: dict[str, str], *, nested_capture: Callable[
             providers = process_providers(settings, {"dask.worker.id": address, "dask.worker.name": name})
             _trace_nested_computes(providers, settings, nested_capture=nested_capture, ranges=ranges)
             _deliver_on_sigterm()
+            if settings.clock != "local" and providers.owned is not None:
+                for processor in providers.owned.span_processors:  # users' spans inside tasks: the caller's timeline
+                    processor.placement = placed
         ensure_exit_hook()
         add_aggregated_source(_tasks_aggregated)
         telemetry = _ProcessTelemetry.by_worker[worker] = WorkerTelemetry(worker, providers=providers,

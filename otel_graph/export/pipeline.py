@@ -110,6 +110,9 @@ class ReliableSpanProcessor(SpanProcessor):
         #: Called first by force_flush, given its timeout in seconds: spans still to be made
         #: (small computes set aside) are made.
         self.before_flush: Callable[[float], None] | None = None
+        #: What an ended span is moved by before it is queued: in a worker process, the spans
+        #: code inside tasks makes go onto their caller's timeline (otel_graph.cluster.inside_tasks).
+        self.placement: Callable[[ReadableSpan], ReadableSpan] | None = None
         self.exported = 0
         self.dropped = 0
         self.failed_attempts = 0
@@ -137,6 +140,12 @@ class ReliableSpanProcessor(SpanProcessor):
         return None
 
     def on_end(self, span: ReadableSpan) -> None:
+        placement = self.placement
+        if placement is not None:
+            try:
+                span = placement(span)
+            except Exception:  # noqa: BLE001 - a span that cannot be moved still goes, as it is
+                logger.debug("otel_graph: span not placed", exc_info=True)
         self._enqueue((span,), span_weight(span))
 
     @property

@@ -10,7 +10,8 @@ Configured the user's way, through OTEL_* variables, plus arguments:
                          retry, map, nested, slow, pause, stall, jobs, chain (on
                          workers named fast and skewed), chain-jump (the skewed worker's
                          clock jumps by a second mid-compute), nested-skewed (a task on
-                         skewed computes a graph of its own)
+                         skewed computes a graph of its own), user-spans-skewed (a task
+                         on each of fast and skewed starts a span of its own)
 ``--memory-limit TEXT``  per-worker memory limit (for spill)
 ``--parent``             run the compute inside a span of the app's own
 ``--flush``              call handle.flush() before closing the client, print FLUSHED
@@ -154,6 +155,29 @@ def nested_on_skewed(client: Client) -> int:
                          pure=False).result()
 
 
+def traced_step(x: int) -> int:
+    """A task whose code starts a span of its own, with an event half-way."""
+    import time
+
+    from opentelemetry import trace
+
+    with trace.get_tracer("user-code").start_as_current_span("user.step") as span:
+        time.sleep(0.02)
+        span.add_event("halfway")
+        time.sleep(0.02)
+    return x + 1
+
+
+def user_spans_on(client: Client) -> int:
+    """traced-fast and traced-skewed, on the workers of those names, in one compute."""
+    by_name = {info["name"]: address for address, info in client.scheduler_info(n_workers=-1)["workers"].items()}
+    tasks = []
+    for name in ("fast", "skewed"):
+        with dask.annotate(workers=[by_name[name]], allow_other_workers=False):
+            tasks.append(dask.delayed(traced_step)(1, dask_key_name=f"traced-{name}"))
+    return sum(client.compute(tasks, optimize_graph=False, sync=True))
+
+
 def chain(client: Client, *, jump_s: float = 0.0) -> int:
     """chain-a -> chain-b -> chain-c run on the workers named fast, skewed, fast, in one compute."""
     by_name = {info["name"]: address for address, info in client.scheduler_info(n_workers=-1)["workers"].items()}
@@ -176,6 +200,8 @@ def workload(client: Client, name: str, workers: list[str]) -> object:
         return chain(client, jump_s=1.0)
     if name == "nested-skewed":
         return nested_on_skewed(client)
+    if name == "user-spans-skewed":
+        return user_spans_on(client)
     if name == "sum":
         graph = {f"inc-{i}": (inc, i) for i in range(20)}
         graph["total"] = (sum, [f"inc-{i}" for i in range(20)])

@@ -22,7 +22,9 @@ worker's event loop or the thread that runs a task. What is read, as of distribu
 * where a task runs: ``distributed.worker._run_task(task, data, execution_state, key, ...)`` on
   the thread of a thread pool executor that runs it, and ``_run_task_async(task, data,
   time_delay)`` for an ``async def`` task, on the event loop; ``Worker.execute`` looks both up
-  as module globals, and ``task.key`` is the task's key. :func:`run_tasks_within` wraps them.
+  as module globals, and ``task.key`` is the task's key; the worker running a threaded task
+  is ``execution_state["worker"]``, an ``async def`` one's ``get_worker()`` (distributed sets
+  its context variable around the runner). :func:`run_tasks_within` wraps them.
 
 :func:`task_run` runs once per task: it reads plain values and builds one flat record,
 nothing more.
@@ -79,6 +81,7 @@ class TaskRun(NamedTuple):
     run_spec: Any  # None once `functions` has been read from it
     functions: str | None = None
     attempt: int = 1  # 1 + earlier failed runs of this key in its compute here; set by the worker
+    span_id: int = 0  # the span id code inside the run was given for its task (.inside_tasks); 0: none
 
 
 def _ns(seconds: float) -> int:
@@ -235,6 +238,17 @@ def _stamp(key: Any, time_delay: float) -> None:
     _stamps[key] = time_delay
 
 
+class TaskContexts(Protocol):
+    """What makes a task's context current while it runs (:class:`otel_graph.cluster.inside_tasks.TaskContexts`)."""
+
+    def entered(self, worker: Any, key: Any) -> Any:
+        """Called as the task starts, in the thread (or coroutine) that runs it: a token for
+        :meth:`left`, or None for nothing to leave. Never raises."""
+        ...
+
+    def left(self, token: Any) -> None: ...
+
+
 class TaskRanges(Protocol):
     """What runs a worker's tasks in ranges (:class:`otel_graph.telemetry.nvtx_ranges.Ranges`)."""
 
@@ -258,13 +272,14 @@ class _NoRanges:
         return None
 
 
-def run_tasks_within(ranges: TaskRanges | None = None) -> Callable[[], None]:
+def run_tasks_within(ranges: TaskRanges | None = None, *, contexts: TaskContexts | None = None) -> Callable[[], None]:
     """Wrap the runners of this process's workers' tasks; returns what puts distributed back
     as it was.
 
-    Each run's ``time_delay`` is kept for :func:`task_run`. With ``ranges``, a task on a thread
-    runs between ``task_started(key)`` and ``task_ended()`` (if it started), in the thread
-    that runs it, and an ``async def`` task between ``task_range_started(key)`` and
+    Each run's ``time_delay`` is kept for :func:`task_run`. With ``contexts``, a task runs
+    between ``entered(worker, key)`` and ``left(its token)``. With ``ranges``, a task on a
+    thread runs between ``task_started(key)`` and ``task_ended()`` (if it started), in the
+    thread that runs it, and an ``async def`` task between ``task_range_started(key)`` and
     ``range_ended(its result)``.
 
     Tasks on a thread pool executor only: distributed sends another executor (a process pool)
@@ -274,30 +289,42 @@ def run_tasks_within(ranges: TaskRanges | None = None) -> Callable[[], None]:
     """
     import distributed.worker as module
 
-    run_threaded, run_async = module._run_task, module._run_task_async
+    run_threaded, run_async, running_worker = module._run_task, module._run_task_async, module.get_worker
     hooks: TaskRanges = ranges if ranges is not None else _NoRanges()
     started, ended, range_started, range_ended = (hooks.task_started, hooks.task_ended, hooks.task_range_started,
                                                   hooks.range_ended)
+    enter, leave = (contexts.entered, contexts.left) if contexts is not None else (_no_context, _no_context)
 
     @functools.wraps(run_threaded)
     def _run_task(task: Any, data: Any, execution_state: Any, key: Any, active_threads: Any,
                   active_threads_lock: Any, time_delay: float) -> Any:
         _stamp(key, time_delay)
+        token = enter(execution_state.get("worker") if type(execution_state) is dict else None, key)
         pushed = started(key)
         try:
             return run_threaded(task, data, execution_state, key, active_threads, active_threads_lock, time_delay)
         finally:
             if pushed:
                 ended()
+            if token is not None:
+                leave(token)
 
     @functools.wraps(run_async)
     async def _run_task_async(task: Any, data: Any, time_delay: float) -> Any:
-        _stamp(task.key, time_delay)
-        handle = range_started(task.key)
+        key = task.key
+        _stamp(key, time_delay)
+        try:
+            worker = running_worker()
+        except Exception:  # not set: a runner called some other way
+            worker = None
+        token = enter(worker, key)
+        handle = range_started(key)
         try:
             return await run_async(task, data, time_delay)
         finally:
             range_ended(handle)
+            if token is not None:
+                leave(token)
 
     module._run_task, module._run_task_async = _run_task, _run_task_async
 
@@ -308,6 +335,10 @@ def run_tasks_within(ranges: TaskRanges | None = None) -> Callable[[], None]:
             module._run_task_async = run_async
 
     return restore
+
+
+def _no_context(*_: Any) -> None:
+    return None
 
 
 def task_count(worker: Any) -> int:
