@@ -12,8 +12,9 @@ nothing per task:
   on the cluster made with a deadline;
 * :mod:`.worker` (each worker process): the plugin; :mod:`.task_spans`: task spans,
   with transfer and spill phases, and task metrics, built off the event loop and
-  exported by the worker itself; :mod:`.process`: what the process shares (delivery
-  accounts, SIGTERM, its SDK, spill counters);
+  exported by the worker itself; :mod:`.inside_tasks`: the task's span current while it
+  runs, and the spans its code makes put on the caller's timeline; :mod:`.process`: what
+  the process shares (delivery accounts, SIGTERM, its SDK, spill counters);
 * :mod:`.scheduler` (scheduler process): gauges read at export time
   (:mod:`.scheduler_gauges`), one event per graph, per compute and per lost worker, and
   a tally per finished task (:mod:`.ledger`: what a worker killed outright took with it;
