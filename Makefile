@@ -50,7 +50,7 @@ PYTEST := -m pytest -n $(TEST_WORKERS) --dist loadgroup
 SHOWN := dask|distributed|opentelemetry-sdk|opentelemetry-exporter-otlp-proto-grpc|grpcio|protobuf|cloudpickle|psutil
 
 .PHONY: lint docs screenshot test test-fast test-latest test-oldest peer-test demo venv lock bench bench-ab \
-	bench-faults bench-nvtx bench-suite clean
+	bench-faults bench-lifecycle bench-nvtx bench-suite clean
 
 $(UV):
 	$(PYTHON) -m venv $(UV_HOME)
@@ -162,9 +162,12 @@ bench-ab: $(STAMP) | $(UV)
 		$(BENCH_ARGS)
 
 # The benchmarks that run each way in processes of their own, each with a table of its own:
-# a faulty collector (compute and exit times), NVTX ranges, and dask's own test suite.
+# a faulty collector (compute and exit times), a short cluster script's start and stop phase by
+# phase, NVTX ranges, and dask's own test suite.
 bench-faults: $(STAMP)
 	$(VENV)/bin/python benchmarks/bench_faults.py
+bench-lifecycle: $(STAMP)
+	$(VENV)/bin/python benchmarks/lifecycle.py
 bench-nvtx: $(STAMP)
 	$(VENV)/bin/python benchmarks/bench_nvtx.py
 bench-suite: $(STAMP)

@@ -76,20 +76,51 @@ def paired_blocks(blocks: Sequence[tuple[Sequence[float], Sequence[float]]], *, 
         if len(new) != len(old):
             raise ValueError(f"paired rounds differ in number: {len(new)} against {len(old)}")
         ratios.append(np.asarray(new, dtype=float) / np.asarray(old, dtype=float))
-    if sum(len(r) for r in ratios) < 2 or not all(len(r) for r in ratios):
-        raise ValueError("a ratio's interval needs at least 2 rounds, and every block one")
-    rng = np.random.default_rng(seed)
-    drawn = []
-    for blocks_drawn in rng.integers(0, len(ratios), size=(RESAMPLES, len(ratios))):
-        picked = [ratios[0]] if len(ratios) == 1 else [ratios[b] for b in blocks_drawn]
-        drawn.append(trimmed_mean(np.concatenate([r[_chunked(len(r), rng)] for r in picked])))
-    tail = (1 - LEVEL) / 2 * 100
-    lo, hi = np.percentile(drawn, [tail, 100 - tail])
+    point, lo, hi = _bootstrap(ratios, seed=seed)
     pooled = np.concatenate(ratios)
     within = [float(np.var(r, ddof=1)) for r in ratios if len(r) > 1]
     spread = math.sqrt(sum(within) / len(within)) if within else math.nan
-    return Ratio(float(trimmed_mean(pooled)), float(lo), float(hi), len(pooled), spread,
-                 tuple(float(trimmed_mean(r)) for r in ratios))
+    return Ratio(point, lo, hi, len(pooled), spread, tuple(float(trimmed_mean(r)) for r in ratios))
+
+
+@dataclass(frozen=True)
+class Difference:
+    """A paired difference (new minus old, in the rounds' unit) with its interval."""
+
+    value: float
+    lo: float
+    hi: float
+    rounds: int
+
+
+def paired_difference(new: Sequence[float], old: Sequence[float], *, seed: int = 0) -> Difference:
+    """The trimmed mean of ``new[i] - old[i]`` over rounds, with its bootstrap interval: for a
+    cost that is a fixed amount (seconds a process start), not a share.
+
+    >>> d = paired_difference([1.2, 1.3, 1.25, 1.22] * 3, [1.0, 1.1, 1.05, 1.0] * 3)
+    >>> round(d.value, 3), d.lo <= d.value <= d.hi, verdict(d, bar=0.5)
+    (0.202, True, 'yes')
+    """
+    if len(new) != len(old):
+        raise ValueError(f"paired rounds differ in number: {len(new)} against {len(old)}")
+    differences = np.asarray(new, dtype=float) - np.asarray(old, dtype=float)
+    point, lo, hi = _bootstrap([differences], seed=seed)
+    return Difference(point, lo, hi, len(differences))
+
+
+def _bootstrap(values: list[np.ndarray], *, seed: int) -> tuple[float, float, float]:
+    """The trimmed mean of the rounds' ``values`` (a list per block) and its 95% interval:
+    blocks drawn with replacement, then rounds within each in ``CHUNK``s of neighbours."""
+    if sum(len(v) for v in values) < 2 or not all(len(v) for v in values):
+        raise ValueError("an interval needs at least 2 rounds, and every block one")
+    rng = np.random.default_rng(seed)
+    drawn = []
+    for blocks_drawn in rng.integers(0, len(values), size=(RESAMPLES, len(values))):
+        picked = [values[0]] if len(values) == 1 else [values[b] for b in blocks_drawn]
+        drawn.append(trimmed_mean(np.concatenate([v[_chunked(len(v), rng)] for v in picked])))
+    tail = (1 - LEVEL) / 2 * 100
+    lo, hi = np.percentile(drawn, [tail, 100 - tail])
+    return float(trimmed_mean(np.concatenate(values))), float(lo), float(hi)
 
 
 def _chunked(n: int, rng: np.random.Generator) -> np.ndarray:
@@ -100,7 +131,7 @@ def _chunked(n: int, rng: np.random.Generator) -> np.ndarray:
     return ((starts[:, None] + np.arange(chunk)) % n).ravel()[:n]
 
 
-def verdict(ratio: Ratio, *, bar: float) -> str:
+def verdict(ratio: Ratio | Difference, *, bar: float) -> str:
     """``yes``, ``no`` or ``unresolved``: where the interval lies against ``bar``."""
     if ratio.hi <= bar:
         return "yes"
