@@ -49,8 +49,8 @@ PYTEST := -m pytest -n $(TEST_WORKERS) --dist loadgroup
 # The versions a run names before it starts, so that its log says what it tested.
 SHOWN := dask|distributed|opentelemetry-sdk|opentelemetry-exporter-otlp-proto-grpc|grpcio|protobuf|cloudpickle|psutil
 
-.PHONY: lint docs screenshot test test-fast test-latest test-oldest peer-test demo venv lock bench bench-ab \
-	bench-faults bench-lifecycle bench-nvtx bench-suite clean
+.PHONY: lint docs screenshot test test-fast test-latest test-oldest peer-test peer-test-wheels demo venv lock bench \
+	bench-ab bench-faults bench-lifecycle bench-nvtx bench-suite clean
 
 $(UV):
 	$(PYTHON) -m venv $(UV_HOME)
@@ -141,6 +141,29 @@ peer-test: | $(UV)
 	$(UV) pip list --python $(PEER_VENV)/bin/python --format freeze | grep -iE '^($(SHOWN))=='
 	$(PEER_VENV)/bin/python tests/peer/run.py --src "$(DISTRIBUTED_SRC)" $(PEER_ARGS)
 
+# The tests dask and xarray ship in their wheels, plain and instrumented, and every test whose
+# outcome differs, each suite's results in peer-results/<suite>-wheel/:
+#   make peer-test-wheels [PEER_ARGS="-n 1"]
+# The locked dask and distributed, with the releases of what the suites import beside them
+# (pytest-timeout is in the lock), in a venv of their own. Each wheel's tests run in its
+# site-packages, with the configuration and root conftest.py its repository gives them there
+# (tests/peer/dask_root.*, xarray_root.*), which the wheel does not ship.
+WHEELS_VENV := .venv-wheels
+WHEELS_PACKAGES := xarray==2026.9.0 pandas==3.1.1 pyarrow==26.0.1 pytest-rerunfailures==16.7 pytest-asyncio==1.5.0
+DASK_WHEEL_TESTS := dask/tests dask/dataframe/tests dask/bag/tests dask/array/tests/test_array_core.py
+XARRAY_WHEEL_TESTS := xarray/tests/test_dask.py xarray/tests/test_distributed.py xarray/tests/test_parallelcompat.py \
+	xarray/tests/test_computation.py
+peer-test-wheels: | $(UV)
+	UV_PROJECT_ENVIRONMENT=$(WHEELS_VENV) $(UV_SYNC)
+	$(UV) pip install -q --python $(WHEELS_VENV)/bin/python $(WHEELS_PACKAGES)
+	$(UV) pip list --python $(WHEELS_VENV)/bin/python --format freeze | grep -iE '^($(SHOWN)|numpy|pandas|pyarrow|xarray)=='
+	@site=$$($(WHEELS_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))'); status=0; \
+	$(WHEELS_VENV)/bin/python tests/peer/run.py --src "$$site" --config tests/peer/dask_root.toml \
+		--out peer-results/dask-wheel $(PEER_ARGS) $(DASK_WHEEL_TESTS) || status=1; \
+	$(WHEELS_VENV)/bin/python tests/peer/run.py --src "$$site" --config tests/peer/xarray_root.toml \
+		--out peer-results/xarray-wheel $(PEER_ARGS) $(XARRAY_WHEEL_TESTS) || status=1; \
+	exit $$status
+
 # Moves uv.lock to the newest releases pyproject.toml allows; commit the result.
 lock: | $(UV)
 	$(UV) lock --upgrade --python $(PYTHON)
@@ -177,5 +200,5 @@ demo: $(STAMP)
 	$(VENV)/bin/otel-graph demo
 
 clean:
-	rm -rf $(VENV) $(LATEST_VENV) $(OLDEST_VENV) $(OLDEST_LOCAL_VENV) $(PEER_VENV) .tools .pytest_cache .mypy_cache .ruff_cache otel-graph-out docs/_build benchmarks/out
+	rm -rf $(VENV) $(LATEST_VENV) $(OLDEST_VENV) $(OLDEST_LOCAL_VENV) $(PEER_VENV) $(WHEELS_VENV) .tools .pytest_cache .mypy_cache .ruff_cache otel-graph-out docs/_build benchmarks/out peer-results
 	-git worktree prune

@@ -4,15 +4,17 @@ otel_graph must change nothing Dask can see; a peer's own suite is the proof. Us
 (``make peer-test DISTRIBUTED_SRC=path`` builds the environment and calls this)::
 
     python tests/peer/run.py --src ~/src/distributed [--out peer-results] \
-        [-n 4] [FILE_OR_DIR ...]
+        [-n 4] [--config FILE] [FILE_OR_DIR ...]
 
 ``--src`` is a checkout of the peer (dask/distributed at the tag of the release under
 test); the files default to ``distributed/tests/test_client.py``,
 ``distributed/tests/test_spans.py`` and ``distributed/diagnostics/tests``. Each run is
 pytest in the checkout, with the checkout's own configuration (warnings are errors
-there); the instrumented one loads :mod:`otel_graph_peer`, which calls
-``otel_graph.instrument_scheduler()`` at start-up and exports over OTLP to a receiver
-this runner holds, so the telemetry really flows.
+there), or with ``--config`` where ``--src`` has none: a wheel's tests, run in the
+``site-packages`` it is installed in (``make peer-test-wheels``). The instrumented run
+loads :mod:`otel_graph_peer`, which calls ``otel_graph.instrument_scheduler()`` at
+start-up and exports over OTLP to a receiver this runner holds, so the telemetry really
+flows.
 
 A test that passes in one run and not in the other is run again, alone, in both modes,
 ``--reruns`` times: one that then agrees is reported as flaky, one that still differs as
@@ -89,9 +91,9 @@ def _nodeid(classname_node: str, src: Path) -> str:
 
 
 def _pytest(src: Path, targets: list[str], junit: Path, *, instrumented: bool, workers: int,
-            env: dict[str, str], timeout_s: int) -> float:
+            env: dict[str, str], timeout_s: int, options: list[str]) -> float:
     command = [sys.executable, "-m", "pytest", *targets, f"--junitxml={junit}", "-q", "-p", "no:cacheprovider",
-               "-o", "console_output_style=classic", "--color=no", f"--timeout={timeout_s}"]
+               "-o", "console_output_style=classic", "--color=no", f"--timeout={timeout_s}", *options]
     if workers > 1:
         command += ["-n", str(workers)]
     if instrumented:
@@ -105,7 +107,8 @@ def _pytest(src: Path, targets: list[str], junit: Path, *, instrumented: bool, w
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--src", required=True, type=Path, help="a checkout of dask/distributed")
+    parser.add_argument("--src", required=True, type=Path,
+                        help="a checkout of dask/distributed, or the site-packages a wheel whose tests run is in")
     parser.add_argument("--out", type=Path, default=Path("peer-results"))
     parser.add_argument("-n", "--workers", type=int, default=4, help="pytest-xdist processes per run")
     parser.add_argument("--reruns", type=int, default=2)
@@ -114,10 +117,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nvtx", action="store_true",
                         help="attach an NVTX tool to both runs and turn otel_graph's NVTX ranges on in the "
                              "instrumented one (OTEL_GRAPH_NVTX=true)")
+    parser.add_argument("--config", type=Path,
+                        help="pytest's configuration file, for a --src with none of its own (pytest's rootdir "
+                             "stays --src, so that no configuration above it is found)")
     parser.add_argument("files", nargs="*", default=list(DEFAULT_FILES))
     args = parser.parse_args(argv)
     src = args.src.resolve()
     out = args.out.resolve()
+    options = ["-c", str(args.config.resolve()), f"--rootdir={src}"] if args.config else []
     out.mkdir(parents=True, exist_ok=True)
 
     from otlp_receiver import OtlpReceiver
@@ -137,14 +144,15 @@ def main(argv: list[str] | None = None) -> int:
         if not (args.reuse and (out / "instrumented.xml").exists()):
             for old in out.glob("instrumented-stats.json*"):
                 old.unlink()
-        runs, ran = {}, set()
+        runs, ran, seconds = {}, set(), {}
         for mode, env in (("plain", base), ("instrumented", instrumented_env)):
             junit = out / f"{mode}.xml"
             took = 0.0
             if not (args.reuse and junit.exists()):
                 took = _pytest(src, args.files, junit, instrumented=mode == "instrumented", workers=args.workers,
-                               env=env, timeout_s=args.timeout)
+                               env=env, timeout_s=args.timeout, options=options)
                 ran.add(mode)
+                seconds[mode] = round(took)
             runs[mode] = {_nodeid(node, src): outcome for node, outcome in _outcomes(junit).items()}
             print(f"{mode}: {len(runs[mode])} tests in {took:.0f} s: "
                   + ", ".join(f"{sum(1 for o in runs[mode].values() if o == kind)} {kind}"
@@ -161,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
                     junit = out / "rerun" / f"{mode}-{abs(hash(node))}-{attempt}.xml"
                     junit.parent.mkdir(exist_ok=True)
                     _pytest(src, [node], junit, instrumented=mode == "instrumented", workers=1, env=env,
-                            timeout_s=args.timeout)
+                            timeout_s=args.timeout, options=options)
                     again[mode] = next(iter(_outcomes(junit).values()), "missing")
                 if again["plain"] == again["instrumented"]:
                     agreed = True
@@ -175,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, value in json.loads(path.read_text()).items():
             stats[name] = stats.get(name, 0) + value
     summary = {"plain": _counts(plain), "instrumented": _counts(instrumented), "spans_received": spans,
+               "seconds": seconds,
                "instrumented_stats": stats,
                "differ": {node: [plain.get(node, "missing"), instrumented.get(node, "missing")] for node in different},
                "known": known, "flaky": flaky}
