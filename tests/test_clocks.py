@@ -214,8 +214,9 @@ def test_spans_a_tasks_own_code_starts_on_a_skewed_worker_are_drawn_on_the_calle
         expected = -3.0 if key == "traced-skewed" else 0.0
         attributes = step["attributes"]
         assert abs(attributes["dask.clock.correction"] - expected) <= attributes["dask.clock.uncertainty"] + MARGIN_S
-        assert attributes["dask.clock.correction"] == task["attributes"]["dask.clock.correction"], \
-            "moved as its task was"
+        # Moved as its task was, by the estimate as it stood when each was placed.
+        assert abs(attributes["dask.clock.correction"] - task["attributes"]["dask.clock.correction"]) \
+            <= attributes["dask.clock.uncertainty"] + MARGIN_S
         slack = tolerance_ns(task, step)
         assert task["start_ns"] - slack <= step["start_ns"] <= step["end_ns"] <= task["end_ns"] + slack, \
             f"{key}'s span starts {(step['start_ns'] - task['start_ns']) / 1e9:.3f} s into its task"

@@ -9,11 +9,13 @@ current context points at it. :class:`TaskContexts` makes it current around each
 
 The task's span is made after the run (:mod:`.task_spans`), so it has no id while the task
 runs. One is drawn when something asks for the current span's context, and kept under the
-task's key in :data:`given_ids` until the worker records the run (``TaskRun.span_id``); the
-task's span is then emitted with that id, whatever the span budget, so the children always
-find their parent. Where the worker's spans cannot be given an id (they go through an
-application's own tracer, which picks ids itself) or the compute is not sampled, the stand-in
-answers with the compute span's context instead. The compute is the one the task's note names
+task's key until the worker records the run (:func:`take_span_id`, into ``TaskRun.span_id``);
+the task's span is then emitted with that id, whatever the span budget, so the children
+always find their parent. Anything that reads the current span's context counts as asking:
+a span started inside the task, a log handler that stamps records with trace context.
+Where the worker's spans cannot be given an id (they go through an application's own
+tracer, which picks ids itself) or the compute is not sampled, the stand-in answers with
+the compute span's context instead. The compute is the one the task's note names
 (:mod:`.propagation`); a task whose note has not come yet (the first tasks a scheduler sends a
 new worker) runs with the context it had.
 
@@ -29,28 +31,42 @@ with an SDK of its own keeps its clock for them.
 from __future__ import annotations
 
 import logging
+import threading
 import weakref
 from collections.abc import Callable
+from itertools import islice
 from typing import Any
 
 from otel_graph.cluster.clock import Reading, worker_placement
 from otel_graph.cluster.note import clock_of, parent_context
 from otel_graph.cluster.propagation import note_of
+from otel_graph.telemetry.process_state import SCOPE  # otel_graph's own spans: placed as they are made
 from otel_graph.telemetry.task_context import TaskParent, attach_context, detach_context, with_span
 
 logger = logging.getLogger("otel_graph")
 
-#: Span ids given out, by task key, until the worker records the task's run (popped then).
-#: Runs never recorded (cancelled while they ran) leave theirs: forgotten in bulk past
-#: :data:`_KEPT`. Two workers of one process running one key at once share an entry.
-given_ids: dict[Any, int] = {}
+#: Span ids given out, by task key, until the worker records the task's run or the task
+#: leaves ``executing`` otherwise (:func:`take_span_id`); written by the running task's
+#: :class:`TaskParent`. Past :data:`_KEPT` entries (runs never taken), the oldest are
+#: forgotten: a running task's is among the newest. Two workers of one process running one
+#: key at once share an entry.
+_given: dict[Any, int] = {}
 #: trace id -> (the caller's clock from the note, the worker that ran its tasks), for
 #: :func:`placed`; the newest :data:`_KEPT` computes.
 _callers: dict[int, tuple[Reading | None, Any]] = {}
+_callers_lock = threading.Lock()
 _KEPT = 4096
 
-#: The instrumentation scope otel_graph's own spans carry: those are placed as they are made.
-_OWN_SCOPE = "otel_graph"
+
+def take_span_id(key: Any) -> int:
+    """The span id code inside the task ``key`` was given as it ran (0: none), forgotten here."""
+    return _given.pop(key, 0) if _given else 0
+
+
+def _make_room() -> None:
+    if len(_given) >= _KEPT:
+        for key in list(islice(_given, _KEPT // 4)):
+            _given.pop(key, None)
 
 
 class TaskContexts:
@@ -62,6 +78,7 @@ class TaskContexts:
         #: (note, the compute span's context) of the last note read: one per compute and step.
         self._last: tuple[Any, Any] = (None, None)
         self.errors = 0
+        self._warned = False
 
     def entered(self, worker: Any, key: Any) -> Any:
         try:
@@ -79,15 +96,16 @@ class TaskContexts:
                     _remember(compute.trace_id, clock_of(note), worker)
             if compute is None:
                 return None
-            if len(given_ids) >= _KEPT:
-                given_ids.clear()
-            parent = TaskParent(compute, given_ids,
-                                assign_ids=compute.trace_flags.sampled and telemetry.assigns_span_ids)
+            _make_room()
+            parent = TaskParent(compute, _given, assign_ids=compute.trace_flags.sampled and telemetry.assigns_span_ids)
             parent.key = key
             return parent, attach_context(with_span(parent))
-        except Exception:  # a changed internal costs the context, never the task
+        except Exception as exc:  # a changed internal costs the context, never the task
             self.errors += 1
-            logger.debug("otel_graph: no task context for %r", key, exc_info=True)
+            if not self._warned:
+                self._warned = True
+                logger.warning("otel_graph: tasks on this worker run without their span current (%s: %s); "
+                               "spans their code starts are not joined to the compute's trace", type(exc).__name__, exc)
             return None
 
     def left(self, token: Any) -> None:
@@ -97,10 +115,11 @@ class TaskContexts:
 
 
 def _remember(trace_id: int, caller: Reading | None, worker: Any) -> None:
-    _callers.pop(trace_id, None)
-    _callers[trace_id] = (caller, weakref.ref(worker) if worker is not None else None)
-    if len(_callers) > _KEPT:
-        del _callers[next(iter(_callers))]
+    with _callers_lock:  # tasks start on several threads; taken only when the note changes
+        _callers.pop(trace_id, None)
+        _callers[trace_id] = (caller, weakref.ref(worker) if worker is not None else None)
+        if len(_callers) > _KEPT:
+            del _callers[next(iter(_callers))]
 
 
 def placed(span: Any) -> Any:
@@ -111,7 +130,7 @@ def placed(span: Any) -> Any:
     if entry is None:
         return span
     scope = span.instrumentation_scope
-    if scope is not None and scope.name == _OWN_SCOPE:
+    if scope is not None and scope.name == SCOPE.name:
         return span
     caller, worker_ref = entry
     worker = worker_ref() if worker_ref is not None else None

@@ -40,7 +40,7 @@ from opentelemetry import trace
 
 from otel_graph.cluster import adapter
 from otel_graph.cluster.clock import Reading, known_worker_clock, placement
-from otel_graph.cluster.inside_tasks import given_ids
+from otel_graph.cluster.inside_tasks import take_span_id
 from otel_graph.cluster.note import budget_of, clock_of, parent_span, traceparent_of
 from otel_graph.cluster.process import _count_deliveries, _next_session, _ProcessTelemetry
 from otel_graph.cluster.propagation import awaiting_notes, take_note
@@ -181,6 +181,7 @@ class WorkerTelemetry:
 
     # -- on the worker's event loop ------------------------------------------------------
     def record(self, worker: Any, key: Any) -> None:
+        span_id = take_span_id(key)
         if self._closing:  # closed while a plugin still points here: nothing will drain it
             return
         try:
@@ -190,7 +191,6 @@ class WorkerTelemetry:
             return
         if run is None:
             return
-        span_id = given_ids.pop(key, 0) if given_ids else 0
         if span_id:
             run = run._replace(span_id=span_id)
         if not self._joined and self.keeps_accounts:

@@ -31,7 +31,7 @@ from typing import Any
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from otel_graph.cluster import adapter
-from otel_graph.cluster.inside_tasks import TaskContexts, placed
+from otel_graph.cluster.inside_tasks import TaskContexts, placed, take_span_id
 from otel_graph.cluster.process import (
     _deliver_on_sigterm,
     _observe_spill,
@@ -242,7 +242,10 @@ class WorkerTelemetryPlugin(WorkerPlugin):
         await asyncio.get_running_loop().run_in_executor(None, _stop, worker)
 
     def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
-        if start not in _RAN or finish not in _DONE:
+        if start not in _RAN or finish in _RAN:  # executing -> long-running (seceded): still running
+            return
+        if finish not in _DONE:  # cancelled or released while it ran: its span, if any, is never made
+            take_span_id(key)
             return
         telemetry = self._telemetry
         if telemetry is None or telemetry._closing:

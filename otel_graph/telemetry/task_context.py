@@ -143,7 +143,7 @@ class TaskParent(NonRecordingSpan):
         if key is None or not self._assign:
             return self._compute
         span_id = self._ids.get(key)
-        if span_id is None:
-            span_id = self._ids[key] = _random.getrandbits(64) or 1
+        if span_id is None:  # two threads of one task asking at once get one id
+            span_id = self._ids.setdefault(key, _random.getrandbits(64) or 1)
         compute = self._compute
         return SpanContext(compute.trace_id, span_id, False, compute.trace_flags, compute.trace_state)

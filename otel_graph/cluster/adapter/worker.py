@@ -300,8 +300,9 @@ def run_tasks_within(ranges: TaskRanges | None = None, *, contexts: TaskContexts
                   active_threads_lock: Any, time_delay: float) -> Any:
         _stamp(key, time_delay)
         token = enter(execution_state.get("worker") if type(execution_state) is dict else None, key)
-        pushed = started(key)
+        pushed = False
         try:
+            pushed = started(key)
             return run_threaded(task, data, execution_state, key, active_threads, active_threads_lock, time_delay)
         finally:
             if pushed:
@@ -318,8 +319,9 @@ def run_tasks_within(ranges: TaskRanges | None = None, *, contexts: TaskContexts
         except Exception:  # not set: a runner called some other way
             worker = None
         token = enter(worker, key)
-        handle = range_started(key)
+        handle = None
         try:
+            handle = range_started(key)
             return await run_async(task, data, time_delay)
         finally:
             range_ended(handle)
