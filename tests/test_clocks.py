@@ -223,6 +223,13 @@ def test_spans_a_tasks_own_code_starts_on_a_skewed_worker_are_drawn_on_the_calle
         assert root["start_ns"] - slack <= step["start_ns"] <= step["end_ns"] <= root["end_ns"] + slack
         (event,) = step["events"]
         assert step["start_ns"] < event["time_ns"] < step["end_ns"], "its events moved with it"
+        # Moved, and otherwise as it was made.
+        assert event["name"] == "halfway" and event["attributes"] == {"step": 1}
+        assert step["kind"] == 3 and step["attributes"]["user.x"] == 1  # SPAN_KIND_CLIENT
+        assert (step["status_code"], step["status_message"]) == (2, "on purpose")
+        assert step["links"] == [{"trace_id": f"{0xABC:032x}", "span_id": f"{0xDEF:016x}",
+                                  "attributes": {"why": "test"}}]
+        assert step["scope"] == "user-code" and step["resource"]["dask.worker.name"] in ("fast", "skewed")
 
 
 @pytest.mark.slow
@@ -237,6 +244,30 @@ def test_local_clocks_are_kept_when_asked(receiver, cluster):
     assert 2.5e9 < b["start_ns"] - a["end_ns"] < 3.5e9
     assert 2.5e9 < b["end_ns"] - c["start_ns"] < 3.5e9
     assert not any("dask.clock.correction" in task["attributes"] for task in tasks.values())
+
+
+@pytest.mark.slow
+def test_local_clocks_leave_the_spans_a_tasks_own_code_starts_as_they_were_made(receiver, cluster):
+    env = subprocesses.otlp_env(receiver.grpc_endpoint, service="clocks", OTEL_GRAPH_CLOCK="local")
+    address = cluster(env, skew_s=3.0)
+    app = run_app("--scheduler", address, "--wait-workers", "2", "--workload", "user-spans-skewed", "--flush",
+                  env=env)
+    assert app.value("RESULT") == "4"
+
+    def find(r: OtlpReceiver) -> dict[str, tuple[dict, dict]] | None:
+        spans = r.spans()
+        by_id = {s["span_id"]: s for s in spans}
+        pairs = {by_id[s["parent_span_id"]]["attributes"]["dask.task.key"]: (by_id[s["parent_span_id"]], s)
+                 for s in spans if s["name"] == "user.step" and s["parent_span_id"] in by_id}
+        return pairs if len(pairs) == 2 else None
+
+    pairs = arrived(receiver, find)
+    for task, step in pairs.values():
+        assert "dask.clock.correction" not in step["attributes"]
+        assert task["start_ns"] <= step["start_ns"] <= step["end_ns"] <= task["end_ns"], "one clock: the worker's"
+    # Raw times: the skewed worker's span sits about 3 s after the fast one's, which ran beside it.
+    fast, skewed = pairs["traced-fast"][1], pairs["traced-skewed"][1]
+    assert 2.0e9 < skewed["start_ns"] - fast["start_ns"] < 4.0e9
 
 
 @pytest.mark.slow

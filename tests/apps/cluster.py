@@ -156,15 +156,20 @@ def nested_on_skewed(client: Client) -> int:
 
 
 def traced_step(x: int) -> int:
-    """A task whose code starts a span of its own, with an event half-way."""
+    """A task whose code starts a span of its own: a client span linked to a made-up one, with
+    an attribute, an event half-way and an error status."""
     import time
 
     from opentelemetry import trace
 
-    with trace.get_tracer("user-code").start_as_current_span("user.step") as span:
+    linked = trace.SpanContext(0xABC, 0xDEF, is_remote=True, trace_flags=trace.TraceFlags(1))
+    with trace.get_tracer("user-code").start_as_current_span(
+            "user.step", kind=trace.SpanKind.CLIENT, links=[trace.Link(linked, {"why": "test"})],
+            attributes={"user.x": x}, record_exception=False, set_status_on_exception=False) as span:
         time.sleep(0.02)
-        span.add_event("halfway")
+        span.add_event("halfway", {"step": 1})
         time.sleep(0.02)
+        span.set_status(trace.Status(trace.StatusCode.ERROR, "on purpose"))
     return x + 1
 
 
