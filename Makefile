@@ -189,8 +189,9 @@ bench-ab: $(STAMP) | $(UV)
 # phase, NVTX ranges, and dask's own test suite.
 bench-faults: $(STAMP)
 	$(VENV)/bin/python benchmarks/bench_faults.py
-bench-lifecycle: $(STAMP)
-	$(VENV)/bin/python benchmarks/lifecycle.py
+# make bench-lifecycle [OLD=<git rev>]: plain against otel_graph, or OLD's otel_graph against this tree's.
+bench-lifecycle: $(STAMP) | $(UV)
+	$(VENV)/bin/python benchmarks/lifecycle.py $(if $(OLD),--old "$(OLD)" --uv $(UV) --python $(PYTHON))
 bench-nvtx: $(STAMP)
 	$(VENV)/bin/python benchmarks/bench_nvtx.py
 bench-suite: $(STAMP)

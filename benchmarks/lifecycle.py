@@ -1,8 +1,8 @@
 """What otel_graph adds to a short dask.distributed script's start and stop, phase by phase.
 
 Short scripts, batch jobs and test suites start and stop clusters all day, so what
-otel_graph adds there is paid in seconds, once a process. The script (this file's
-``--app``) is a user's: it imports dask and distributed (instrumented, also otel_graph,
+otel_graph adds there is paid in seconds, once a process. The script is a user's
+(:mod:`lifecycle_app`): it imports dask and distributed (instrumented, also otel_graph,
 calling ``instrument_scheduler()`` with the SDK built from the ``OTEL_*`` variables), starts
 a ``LocalCluster`` of 2 worker processes with 1 thread each and a ``Client``, computes one
 ``submit``, closes client and cluster, and exits. Each run is a fresh process. The phases,
@@ -17,29 +17,34 @@ on ``CLOCK_MONOTONIC`` (one clock for every process on Linux):
   delivery);
 * ``total``: start to end.
 
-A round runs ``plain`` (otel_graph never imported) and ``otel_graph`` once each, in an order
-drawn afresh, back to back, so a drift of the machine's speed falls on both; a phase's
-figure is the trimmed mean of the rounds' differences (``otel_graph`` minus ``plain``), with
-its 95% bootstrap interval (:func:`stats.paired_difference`). Instrumented runs export over
-OTLP (gRPC, then OTLP/HTTP in rounds of their own) to a receiver in another process
-(``tests/otlp_receiver.py``, decoding for real), which must have received the compute's
-spans.
+A round runs both arms once each, in an order drawn afresh, back to back, so a drift of
+the machine's speed falls on both; a phase's figure is the trimmed mean of the rounds'
+differences, with its 95% bootstrap interval (:func:`stats.paired_difference`). The arms:
+``plain`` (otel_graph never imported) against ``otel_graph``, judged against the bars; or,
+with ``--old REV``, that revision's otel_graph (its own worktree and venv, as ``make
+bench-ab`` builds them) against this tree's, both instrumented: what a change to this
+tree gained or cost. Processes of a venv of their own are not those of this tree's: an A/A
+(``--old HEAD`` on a clean tree) shows how far the two venvs differ before any change does,
+and a difference is read against it. Instrumented runs export over OTLP (gRPC, then OTLP/HTTP in rounds of
+their own) to a receiver in another process (``tests/otlp_receiver.py``, decoding for
+real), which must have received the compute's task span every round.
 
 Bytecode: an installed package's modules are compiled when it is installed. Where
-``PYTHONDONTWRITEBYTECODE`` is set, a checkout's otel_graph would be compiled afresh in every
-process, which a user never pays, so :func:`compile_tree` compiles it first.
+``PYTHONDONTWRITEBYTECODE`` is set, a checkout's otel_graph (and anything in a venv installed
+without compiling) would be compiled afresh in every process, which a user never pays, so
+each arm's interpreter has its site-packages and otel_graph compiled first.
 
 The bars (issue 45): each phase within +0.1 s, the total within +0.2 s, over either protocol.
 
 Usage::
 
-    python benchmarks/lifecycle.py [--rounds 8] [--protocols grpc,http/protobuf]
+    python benchmarks/lifecycle.py [--rounds 8] [--protocols grpc,http/protobuf] \
+        [--old REV --uv UV --python PYTHON]
 """
 
 from __future__ import annotations
 
 import argparse
-import compileall
 import json
 import os
 import random
@@ -59,7 +64,6 @@ from children import LineProcess  # noqa: E402
 PHASES = ("imports", "up", "compute", "closed", "exit", "total")
 BARS = {"imports": 0.1, "up": 0.1, "compute": 0.1, "closed": 0.1, "exit": 0.1, "total": 0.2}
 PROTOCOLS = ("grpc", "http/protobuf")
-WAYS = ("plain", "otel_graph")
 
 RECEIVER = """
 import json, sys
@@ -76,53 +80,37 @@ with OtlpReceiver() as receiver:
 """
 
 
-def app(way: str) -> None:
-    """The user's script; prints its phases' monotonic readings as one JSON line."""
-    marks = {}
-    import dask  # noqa: F401
-    import distributed  # noqa: F401
-
-    if way == "otel_graph":
-        import otel_graph
-
-        otel_graph.instrument_scheduler()
-    marks["imports"] = time.monotonic()
-    from distributed import Client, LocalCluster
-
-    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
-    client = Client(cluster)
-    marks["up"] = time.monotonic()
-    assert client.submit(int, 1, pure=False).result() == 1
-    marks["compute"] = time.monotonic()
-    client.close()
-    cluster.close()
-    marks["closed"] = time.monotonic()
-    print("MARKS", json.dumps(marks), flush=True)
+#: An arm: its label, the interpreter it runs the script with, and the way it runs it.
+Arm = tuple[str, str, str]
+APP = HERE / "lifecycle_app.py"
 
 
-def compile_tree() -> None:
-    """otel_graph's modules compiled, as installing it would (see the module docs)."""
-    compileall.compile_dir(str(ROOT / "otel_graph"), quiet=1)
+def compile_tree(python: str) -> None:
+    """What ``python`` imports, compiled, as installing it would (see the module docs): its
+    site-packages (``make venv`` compiles its own at install; a venv ``bench-ab`` built for an
+    old tree is not) and the otel_graph it imports (a checkout's, installed editable)."""
+    subprocess.run([python, "-c", "import compileall, os, sysconfig, otel_graph; "
+                    "compileall.compile_dir(sysconfig.get_path('purelib'), quiet=1, workers=0); "
+                    "compileall.compile_dir(os.path.dirname(otel_graph.__file__), quiet=1)"], check=True)
 
 
-def run_once(way: str, *, env: dict[str, str]) -> dict[str, float]:
+def run_once(python: str, way: str, *, env: dict[str, str]) -> dict[str, float]:
     """One fresh process of the script: its phases in seconds."""
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--app", way], env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([python, str(APP), way], env=env, capture_output=True, text=True, timeout=300)
     ended = time.monotonic()
     marks = next((json.loads(line.split(" ", 1)[1]) for line in proc.stdout.splitlines()
                   if line.startswith("MARKS ")), None)
     if proc.returncode != 0 or marks is None:
-        raise RuntimeError(f"the {way} script failed ({proc.returncode}): {proc.stderr[-2000:]}")
+        raise RuntimeError(f"the {way} script under {python} failed ({proc.returncode}): {proc.stderr[-2000:]}")
     points = [started, marks["imports"], marks["up"], marks["compute"], marks["closed"], ended]
     phases = {name: b - a for name, a, b in zip(PHASES[:-1], points[:-1], points[1:], strict=True)}
     phases["total"] = ended - started
     return phases
 
 
-def trial(protocol: str, *, rounds: int, seed: int = 0) -> dict[str, dict[str, list[float]]]:
-    """``rounds`` rounds of both ways over ``protocol``: {way: {phase: [seconds a round]}}."""
+def trial(protocol: str, arms: list[Arm], *, rounds: int, seed: int = 0) -> dict[str, dict[str, list[float]]]:
+    """``rounds`` rounds of ``arms`` over ``protocol``: {label: {phase: [seconds a round]}}."""
     receiver = LineProcess([sys.executable, "-c", RECEIVER.format(tests=str(ROOT / "tests"))])
     try:
         endpoints = json.loads(receiver.first)
@@ -130,64 +118,76 @@ def trial(protocol: str, *, rounds: int, seed: int = 0) -> dict[str, dict[str, l
         env = {**base, "OTEL_EXPORTER_OTLP_ENDPOINT": endpoints[protocol], "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
                "OTEL_SERVICE_NAME": "lifecycle"}
         order = random.Random(seed)
-        out: dict[str, dict[str, list[float]]] = {way: {phase: [] for phase in PHASES} for way in WAYS}
+        out: dict[str, dict[str, list[float]]] = {label: {phase: [] for phase in PHASES} for label, _, _ in arms}
         for i in range(rounds):
-            ways = list(WAYS)
-            order.shuffle(ways)
-            for way in ways:
-                phases = run_once(way, env=env)
-                for phase, seconds in phases.items():
-                    out[way][phase].append(seconds)
+            shuffled = list(arms)
+            order.shuffle(shuffled)
+            for label, python, way in shuffled:
+                for phase, seconds in run_once(python, way, env=env).items():
+                    out[label][phase].append(seconds)
             names = json.loads(receiver.ask("take"))
             if "int" not in names:  # the submit's task span, from a worker process
                 raise RuntimeError(f"round {i + 1} over {protocol}: the compute's spans did not arrive ({names})")
-            print(f"{protocol} round {i + 1}/{rounds}: total {out['plain']['total'][-1]:.2f} s plain, "
-                  f"{out['otel_graph']['total'][-1]:.2f} s with otel_graph", file=sys.stderr)
+            print(f"{protocol} round {i + 1}/{rounds}: total "
+                  + ", ".join(f"{label} {out[label]['total'][-1]:.2f} s" for label, _, _ in arms), file=sys.stderr)
         return out
     finally:
         receiver.close()
 
 
-def rows(protocol: str, runs: dict[str, dict[str, list[float]]]) -> list[dict[str, Any]]:
-    """A row per phase: the added seconds with their interval, and the verdict against the bar."""
+def rows(protocol: str, runs: dict[str, dict[str, list[float]]], *, new: str, old: str) -> list[dict[str, Any]]:
+    """A row per phase: ``new``'s seconds less ``old``'s with their interval, and the verdict
+    against the bar (where ``old`` is plain)."""
     out = []
     for phase in PHASES:
-        added = stats.paired_difference(runs["otel_graph"][phase], runs["plain"][phase])
-        plain = sorted(runs["plain"][phase])[len(runs["plain"][phase]) // 2]
-        out.append({"protocol": protocol, "phase": phase, "bar": BARS[phase], "plain_s": plain,
-                    "added": added.value, "lo": added.lo, "hi": added.hi, "rounds": added.rounds,
-                    "verdict": stats.verdict(added, bar=BARS[phase])})
+        added = stats.paired_difference(runs[new][phase], runs[old][phase])
+        before = sorted(runs[old][phase])[(len(runs[old][phase]) - 1) // 2]
+        out.append({"protocol": protocol, "phase": phase, "bar": BARS[phase] if old == "plain" else None,
+                    "old_s": before, "added": added.value, "lo": added.lo, "hi": added.hi, "rounds": added.rounds,
+                    "verdict": stats.verdict(added, bar=BARS[phase]) if old == "plain" else None})
     return out
 
 
-def table(all_rows: list[dict[str, Any]]) -> str:
-    lines = ["| protocol | phase | plain (median) | added by otel_graph | bar | within |", "|---|---|---|---|---|---|"]
+def table(all_rows: list[dict[str, Any]], *, new: str, old: str) -> str:
+    lines = [f"| protocol | phase | {old} (median) | {new} - {old} | bar | within |", "|---|---|---|---|---|---|"]
     for row in all_rows:
-        word = "**no**" if row["verdict"] == "no" else row["verdict"]
-        lines.append(f"| {row['protocol']} | {row['phase']} | {row['plain_s']:.2f} s | "
-                     f"{row['added']:+.3f} s [{row['lo']:+.3f}, {row['hi']:+.3f}] | ≤ +{row['bar']:.1f} s | {word} |")
+        bar = f"≤ +{row['bar']:.1f} s" if row["bar"] is not None else "—"
+        word = {"no": "**no**", None: "—"}.get(row["verdict"], row["verdict"])
+        lines.append(f"| {row['protocol']} | {row['phase']} | {row['old_s']:.2f} s | "
+                     f"{row['added']:+.3f} s [{row['lo']:+.3f}, {row['hi']:+.3f}] | {bar} | {word} |")
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--app", choices=WAYS, help=argparse.SUPPRESS)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--protocols", default=",".join(PROTOCOLS))
+    parser.add_argument("--old", help="a git revision: its otel_graph against this tree's, both instrumented")
+    parser.add_argument("--uv", help="with --old: the uv that builds its venv")
+    parser.add_argument("--python", help="with --old: the interpreter its venv is made with")
     parser.add_argument("--out", type=Path, default=HERE / "out")
     args = parser.parse_args()
-    if args.app:
-        app(args.app)
-        return
     if args.rounds < 2:
         parser.error("--rounds must be at least 2")
-    compile_tree()
+    arms: list[Arm] = [("plain", sys.executable, "plain"), ("otel_graph", sys.executable, "otel_graph")]
+    if args.old:
+        if not (args.uv and args.python):
+            parser.error("--old needs --uv and --python (make bench-lifecycle OLD=... passes them)")
+        from ab import old_tree
+
+        # As bench-ab takes them: a relative path would miss from the worktree uv runs in.
+        uv, python = (str(Path(p).absolute()) if os.sep in p else p for p in (args.uv, args.python))
+        old_python = old_tree(args.old, uv=uv, python=python, trees=args.out.absolute() / "trees")
+        arms = [("old", str(old_python), "otel_graph"), ("new", sys.executable, "otel_graph")]
+    for python in {python for _, python, way in arms if way == "otel_graph"}:
+        compile_tree(python)
+    new, old = arms[1][0], arms[0][0]
     all_rows = []
     for protocol in args.protocols.split(","):
-        all_rows.extend(rows(protocol, trial(protocol, rounds=args.rounds)))
+        all_rows.extend(rows(protocol, trial(protocol, arms, rounds=args.rounds), new=new, old=old))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "lifecycle.json").write_text(json.dumps(all_rows, indent=2))
-    print(table(all_rows))
+    print(table(all_rows, new=new, old=old))
 
 
 if __name__ == "__main__":
