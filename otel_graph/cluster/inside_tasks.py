@@ -77,7 +77,6 @@ class TaskContexts:
         self._telemetry_of = telemetry_of
         #: (note, the compute span's context) of the last note read: one per compute and step.
         self._last: tuple[Any, Any] = (None, None)
-        self.errors = 0
         self._warned = False
 
     def entered(self, worker: Any, key: Any) -> Any:
@@ -101,7 +100,6 @@ class TaskContexts:
             parent.key = key
             return parent, attach_context(with_span(parent))
         except Exception as exc:  # a changed internal costs the context, never the task
-            self.errors += 1
             if not self._warned:
                 self._warned = True
                 logger.warning("otel_graph: tasks on this worker run without their span current (%s: %s); "

@@ -398,12 +398,11 @@ class WorkerTelemetry:
         attributes = self._attributes(run, prefix)
         attributes.update(state.clock)
         shift = state.shift_ns
-        emitter = self._emitter
         # Only a DirectEmitter gives ids out (sets_span_ids), and only it takes span_id=.
-        extra = {"span_id": run.span_id} if run.span_id and getattr(emitter, "sets_span_ids", False) else _NO_EXTRA
-        context = emitter.emit(parent=state.parent, name=self._metrics.span_name(prefix),
-                               start_ns=run.start_ns + shift, end_ns=run.end_ns + shift, attributes=attributes,
-                               error=run.error, **extra)
+        extra = {"span_id": run.span_id} if run.span_id and self.assigns_span_ids else _NO_EXTRA
+        context = self._emitter.emit(parent=state.parent, name=self._metrics.span_name(prefix),
+                                     start_ns=run.start_ns + shift, end_ns=run.end_ns + shift, attributes=attributes,
+                                     error=run.error, **extra)
         if run.phases and context is not None:
             task = trace.NonRecordingSpan(context)
             for phase in run.phases:
