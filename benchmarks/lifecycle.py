@@ -17,17 +17,21 @@ on ``CLOCK_MONOTONIC`` (one clock for every process on Linux):
   delivery);
 * ``total``: start to end.
 
-A round runs both arms once each, in an order drawn afresh, back to back, so a drift of
-the machine's speed falls on both; a phase's figure is the trimmed mean of the rounds'
-differences, with its 95% bootstrap interval (:func:`stats.paired_difference`). The arms:
-``plain`` (otel_graph never imported) against ``otel_graph``, judged against the bars; or,
-with ``--old REV``, that revision's otel_graph (its own worktree and venv, as ``make
-bench-ab`` builds them) against this tree's, both instrumented: what a change to this
-tree gained or cost. Processes of a venv of their own are not those of this tree's: an A/A
-(``--old HEAD`` on a clean tree) shows how far the two venvs differ before any change does,
-and a difference is read against it. Instrumented runs export over OTLP (gRPC, then OTLP/HTTP in rounds of
+The arms (:mod:`lifecycle_app`'s ways): ``plain``; ``sdk``, the stock OpenTelemetry SDK
+with OTLP exporters set up by hand in every process, which is what any OpenTelemetry there
+costs; and ``otel_graph``. A round runs each arm once, in an order drawn afresh, back to
+back, so a drift of the machine's speed falls on all; a comparison's figure is the trimmed
+mean of the rounds' differences, with its 95% bootstrap interval
+(:func:`stats.paired_difference`). Three comparisons: ``sdk`` over ``plain`` (the SDK's
+own cost), ``otel_graph`` over ``plain`` (judged against the bars) and ``otel_graph`` over
+``sdk`` (what otel_graph adds to the SDK, also judged against them). With ``--old REV``:
+that revision's otel_graph (its own worktree and venv, as ``make bench-ab`` builds them)
+against this tree's, both instrumented: what a change to this tree gained or cost.
+Processes of a venv of their own are not those of this tree's: an A/A (``--old HEAD`` on a
+clean tree) shows how far the two venvs differ before any change does, and a difference is
+read against it. Instrumented runs export over OTLP (gRPC, then OTLP/HTTP in rounds of
 their own) to a receiver in another process (``tests/otlp_receiver.py``, decoding for
-real), which must have received the compute's task span every round.
+real), which must have received otel_graph's task span for the compute every round.
 
 Bytecode: an installed package's modules are compiled when it is installed. Where
 ``PYTHONDONTWRITEBYTECODE`` is set, a checkout's otel_graph (and anything in a venv installed
@@ -128,6 +132,8 @@ def trial(protocol: str, arms: list[Arm], *, rounds: int, seed: int = 0) -> dict
             names = json.loads(receiver.ask("take"))
             if "int" not in names:  # the submit's task span, from a worker process
                 raise RuntimeError(f"round {i + 1} over {protocol}: the compute's spans did not arrive ({names})")
+            if any(way == "sdk" for _, _, way in arms) and names.count("set-up") != 3:  # one from each process
+                raise RuntimeError(f"round {i + 1} over {protocol}: the sdk arm's spans did not all arrive ({names})")
             print(f"{protocol} round {i + 1}/{rounds}: total "
                   + ", ".join(f"{label} {out[label]['total'][-1]:.2f} s" for label, _, _ in arms), file=sys.stderr)
         return out
@@ -135,25 +141,33 @@ def trial(protocol: str, arms: list[Arm], *, rounds: int, seed: int = 0) -> dict
         receiver.close()
 
 
-def rows(protocol: str, runs: dict[str, dict[str, list[float]]], *, new: str, old: str) -> list[dict[str, Any]]:
-    """A row per phase: ``new``'s seconds less ``old``'s with their interval, and the verdict
-    against the bar (where ``old`` is plain)."""
+#: (new, old, judged against the bars) for each comparison of the default arms.
+COMPARISONS = (("sdk", "plain", False), ("otel_graph", "plain", True), ("otel_graph", "sdk", True))
+
+
+def rows(protocol: str, runs: dict[str, dict[str, list[float]]],
+         comparisons: tuple[tuple[str, str, bool], ...]) -> list[dict[str, Any]]:
+    """A row per comparison and phase: ``new``'s seconds less ``old``'s with their interval,
+    and the verdict against the phase's bar where the comparison is judged."""
     out = []
-    for phase in PHASES:
-        added = stats.paired_difference(runs[new][phase], runs[old][phase])
-        before = sorted(runs[old][phase])[(len(runs[old][phase]) - 1) // 2]
-        out.append({"protocol": protocol, "phase": phase, "bar": BARS[phase] if old == "plain" else None,
-                    "old_s": before, "added": added.value, "lo": added.lo, "hi": added.hi, "rounds": added.rounds,
-                    "verdict": stats.verdict(added, bar=BARS[phase]) if old == "plain" else None})
+    for new, old, judged in comparisons:
+        for phase in PHASES:
+            added = stats.paired_difference(runs[new][phase], runs[old][phase])
+            before = sorted(runs[old][phase])[(len(runs[old][phase]) - 1) // 2]
+            out.append({"protocol": protocol, "phase": phase, "new": new, "old": old,
+                        "bar": BARS[phase] if judged else None, "old_s": before, "added": added.value,
+                        "lo": added.lo, "hi": added.hi, "rounds": added.rounds,
+                        "verdict": stats.verdict(added, bar=BARS[phase]) if judged else None})
     return out
 
 
-def table(all_rows: list[dict[str, Any]], *, new: str, old: str) -> str:
-    lines = [f"| protocol | phase | {old} (median) | {new} - {old} | bar | within |", "|---|---|---|---|---|---|"]
+def table(all_rows: list[dict[str, Any]]) -> str:
+    lines = ["| protocol | phase | arm - base | base (median) | added | bar | within |",
+             "|---|---|---|---|---|---|---|"]
     for row in all_rows:
         bar = f"≤ +{row['bar']:.1f} s" if row["bar"] is not None else "—"
         word = {"no": "**no**", None: "—"}.get(row["verdict"], row["verdict"])
-        lines.append(f"| {row['protocol']} | {row['phase']} | {row['old_s']:.2f} s | "
+        lines.append(f"| {row['protocol']} | {row['phase']} | {row['new']} - {row['old']} | {row['old_s']:.2f} s | "
                      f"{row['added']:+.3f} s [{row['lo']:+.3f}, {row['hi']:+.3f}] | {bar} | {word} |")
     return "\n".join(lines)
 
@@ -169,7 +183,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.rounds < 2:
         parser.error("--rounds must be at least 2")
-    arms: list[Arm] = [("plain", sys.executable, "plain"), ("otel_graph", sys.executable, "otel_graph")]
+    arms: list[Arm] = [(way, sys.executable, way) for way in ("plain", "sdk", "otel_graph")]
+    comparisons = COMPARISONS
     if args.old:
         if not (args.uv and args.python):
             parser.error("--old needs --uv and --python (make bench-lifecycle OLD=... passes them)")
@@ -179,15 +194,15 @@ def main() -> None:
         uv, python = (str(Path(p).absolute()) if os.sep in p else p for p in (args.uv, args.python))
         old_python = old_tree(args.old, uv=uv, python=python, trees=args.out.absolute() / "trees")
         arms = [("old", str(old_python), "otel_graph"), ("new", sys.executable, "otel_graph")]
+        comparisons = (("new", "old", False),)
     for python in {python for _, python, way in arms if way == "otel_graph"}:
         compile_tree(python)
-    new, old = arms[1][0], arms[0][0]
     all_rows = []
     for protocol in args.protocols.split(","):
-        all_rows.extend(rows(protocol, trial(protocol, arms, rounds=args.rounds), new=new, old=old))
+        all_rows.extend(rows(protocol, trial(protocol, arms, rounds=args.rounds), comparisons))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "lifecycle.json").write_text(json.dumps(all_rows, indent=2))
-    print(table(all_rows, new=new, old=old))
+    print(table(all_rows))
 
 
 if __name__ == "__main__":
