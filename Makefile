@@ -50,7 +50,7 @@ PYTEST := -m pytest -n $(TEST_WORKERS) --dist loadgroup
 SHOWN := dask|distributed|opentelemetry-sdk|opentelemetry-exporter-otlp-proto-grpc|grpcio|protobuf|cloudpickle|psutil
 
 .PHONY: lint docs screenshot test test-fast test-latest test-oldest peer-test peer-test-wheels demo venv lock bench \
-	bench-ab bench-faults bench-lifecycle bench-nvtx bench-suite clean
+	bench-ab bench-faults bench-lifecycle bench-nvtx bench-preload bench-suite clean
 
 $(UV):
 	$(PYTHON) -m venv $(UV_HOME)
@@ -194,6 +194,9 @@ bench-lifecycle: $(STAMP) | $(UV)
 	$(VENV)/bin/python benchmarks/lifecycle.py $(if $(OLD),--old "$(OLD)" --uv $(UV) --python $(PYTHON))
 bench-nvtx: $(STAMP)
 	$(VENV)/bin/python benchmarks/bench_nvtx.py
+# make bench-preload: dask scheduler/worker --preload otel_graph, ready and stopped, against plain and the bare SDK.
+bench-preload: $(STAMP)
+	$(VENV)/bin/python benchmarks/preload_start.py
 bench-suite: $(STAMP)
 	$(VENV)/bin/python benchmarks/bench_suite.py
 

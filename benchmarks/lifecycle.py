@@ -145,29 +145,33 @@ def trial(protocol: str, arms: list[Arm], *, rounds: int, seed: int = 0) -> dict
 COMPARISONS = (("sdk", "plain", False), ("otel_graph", "plain", True), ("otel_graph", "sdk", True))
 
 
-def rows(protocol: str, runs: dict[str, dict[str, list[float]]],
-         comparisons: tuple[tuple[str, str, bool], ...]) -> list[dict[str, Any]]:
-    """A row per comparison and phase: ``new``'s seconds less ``old``'s with their interval,
-    and the verdict against the phase's bar where the comparison is judged."""
+def rows(runs: dict[str, dict[str, list[float]]], comparisons: tuple[tuple[str, str, bool], ...], *,
+         bars: dict[str, float], **labels: str) -> list[dict[str, Any]]:
+    """A row per comparison and phase of ``runs`` ({arm: {phase: [seconds a round]}}):
+    ``new``'s seconds less ``old``'s with their interval, and the verdict against the phase's
+    bar (``bars``; a phase without one has none) where the comparison is judged. Each row
+    also carries ``labels`` (the protocol, say), which :func:`table` shows first."""
     out = []
     for new, old, judged in comparisons:
-        for phase in PHASES:
+        for phase in runs[old]:
             added = stats.paired_difference(runs[new][phase], runs[old][phase])
             before = sorted(runs[old][phase])[(len(runs[old][phase]) - 1) // 2]
-            out.append({"protocol": protocol, "phase": phase, "new": new, "old": old,
-                        "bar": BARS[phase] if judged else None, "old_s": before, "added": added.value,
-                        "lo": added.lo, "hi": added.hi, "rounds": added.rounds,
-                        "verdict": stats.verdict(added, bar=BARS[phase]) if judged else None})
+            bar = bars.get(phase) if judged else None
+            out.append({**labels, "phase": phase, "new": new, "old": old, "bar": bar, "old_s": before,
+                        "added": added.value, "lo": added.lo, "hi": added.hi, "rounds": added.rounds,
+                        "verdict": stats.verdict(added, bar=bar) if bar is not None else None})
     return out
 
 
-def table(all_rows: list[dict[str, Any]]) -> str:
-    lines = ["| protocol | phase | arm - base | base (median) | added | bar | within |",
-             "|---|---|---|---|---|---|---|"]
+def table(all_rows: list[dict[str, Any]], *, labels: tuple[str, ...] = ("protocol",)) -> str:
+    """A markdown table of :func:`rows`, with the ``labels`` columns first."""
+    lines = ["| " + " | ".join(labels) + " | phase | arm - base | base (median) | added | bar | within |",
+             "|---" * (len(labels) + 6) + "|"]
     for row in all_rows:
         bar = f"≤ +{row['bar']:.1f} s" if row["bar"] is not None else "—"
         word = {"no": "**no**", None: "—"}.get(row["verdict"], row["verdict"])
-        lines.append(f"| {row['protocol']} | {row['phase']} | {row['new']} - {row['old']} | {row['old_s']:.2f} s | "
+        lines.append("| " + " | ".join(str(row[label]) for label in labels) + f" | {row['phase']} | "
+                     f"{row['new']} - {row['old']} | {row['old_s']:.2f} s | "
                      f"{row['added']:+.3f} s [{row['lo']:+.3f}, {row['hi']:+.3f}] | {bar} | {word} |")
     return "\n".join(lines)
 
@@ -199,7 +203,7 @@ def main() -> None:
         compile_tree(python)
     all_rows = []
     for protocol in args.protocols.split(","):
-        all_rows.extend(rows(protocol, trial(protocol, arms, rounds=args.rounds), comparisons))
+        all_rows.extend(rows(trial(protocol, arms, rounds=args.rounds), comparisons, bars=BARS, protocol=protocol))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "lifecycle.json").write_text(json.dumps(all_rows, indent=2))
     print(table(all_rows))
