@@ -174,6 +174,8 @@ lock: | $(UV)
 BENCH_ARGS ?=
 bench: $(STAMP)
 	$(VENV)/bin/python benchmarks/bench.py $(BENCH_ARGS)
+	$(if $(BENCH_ARGS),,$(VENV)/bin/python benchmarks/lifecycle.py)
+	$(if $(BENCH_ARGS),,$(VENV)/bin/python benchmarks/preload_start.py)
 
 # This tree against another revision, interleaved in one run: new/old per row, with intervals.
 #   make bench-ab OLD=<git rev> [ROWS=sync-100k,threads-2k]

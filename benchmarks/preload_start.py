@@ -5,10 +5,10 @@ preload (:mod:`otel_graph.cluster.preload`). Each round starts, for each arm, a
 ``dask scheduler`` and, against a plain scheduler shared by the trial, a ``dask worker``
 (its nanny and one worker process, one thread), each a fresh process, and times:
 
-* ``ready``: from the launch to the process being ready: for the scheduler, its preloads
-  done (the :mod:`preload_ready` preload, given last, says so); for the worker, its
-  ``Registered to:`` line, which distributed writes once the worker's preloads are done and
-  the scheduler has it;
+* ``ready``: from the launch to the process being ready: for the scheduler, running, its
+  preloads and plugins started (the :mod:`preload_ready` preload says so); for the worker,
+  its ``Registered to:`` line, which distributed writes once the worker's preloads are done
+  and the scheduler has it;
 * ``stop``: from ``SIGTERM`` to the process gone (what it delivers on the way out).
 
 The arms, as in :mod:`lifecycle`: ``plain``; ``sdk``, the stock OpenTelemetry SDK with OTLP
