@@ -129,6 +129,21 @@ def test_a_failing_compute_exports_its_error(receiver):
     assert errors and errors[-1]["count"] == 1
 
 
+def test_a_flush_after_a_failed_compute_waits_for_its_tasks_still_running(receiver):
+    # boom raises while straggle still sleeps in the pool's other thread: the compute ends
+    # with one task unreported, and its spans wait for it.
+    run = run_app("--scheduler", "threads", "--tasks", "3", "--fail", "--straggle-ms", "300", "--flush",
+                  env=otlp_env(receiver.grpc_endpoint, "grpc"))
+    assert run.value("FAILED").startswith("task failed on purpose")
+    assert run.value("FLUSHED").startswith("True"), run.stdout
+    assert float(run.value("FLUSH_SECONDS")) < 10
+    spans = receiver.spans()
+    (root,) = [s for s in spans if s["name"] == "dask.compute"]
+    (straggler,) = [s for s in spans if s["name"] == "straggle"]
+    assert root["status_code"] == 2 and straggler["parent_span_id"] == root["span_id"]
+    assert straggler["end_ns"] > root["end_ns"], "it ended after the compute failed"
+
+
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
 @pytest.mark.parametrize("state", ["down", "hung", "failing"])
 def test_a_broken_collector_never_hurts_the_computation(state, protocol):

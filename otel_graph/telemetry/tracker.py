@@ -73,6 +73,8 @@ MAX_BACKLOG = 256
 INLINE_MAX_TASKS = 128
 #: How long stop() waits, once it gave up, for the thread to put down its slice.
 _HALT_WAIT_S = 0.2
+#: How often a flush looks again for the records of a failed compute's tasks still running.
+STRAGGLER_POLL_S = 0.02
 
 
 def _span_name(span: Any) -> str | None:
@@ -338,23 +340,42 @@ class Tracker:
         self._metrics.record_recovered(prefix, failed=failed, count=count, duration_s=duration_s)
 
     # -- flush and stop -------------------------------------------------------------------
-    def flush(self, timeout_s: float | None) -> bool:
-        """Drain everything recorded so far; True when no ended compute is left pending."""
+    def flush(self, timeout_s: float | None, *, stragglers: bool = True) -> bool:
+        """Drain everything recorded so far; True when no ended compute is left pending.
+
+        A compute that failed while some of its tasks still ran in a pool waits for their
+        records (:data:`~otel_graph.telemetry.drain.STRAGGLER_WAIT_NS`). With ``stragglers``,
+        the flush waits for them too, within ``timeout_s``, and passes again as they come:
+        that compute's telemetry is then part of what it delivers.
+        """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            if not self._pass_covering_now(deadline):
+                return False
+            # And what other threads set aside since the tracker made what there was (a halt may
+            # leave some unmade: those count as pending).
+            self.make_aside(None if deadline is None else deadline - time.monotonic())
+            with self._lock:
+                ended = [r for r in self._records if r.end_ns is not None]
+                if not self._aside.spans and not ended:
+                    return True
+                waiting = stragglers and any(not r.all_reported() for r in ended)
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if not waiting or (remaining is not None and remaining <= 0):
+                return False
+            with self._wake:  # their records land in the compute's sink, which wakes no one
+                self._wake.wait(STRAGGLER_POLL_S if remaining is None else min(STRAGGLER_POLL_S, remaining))
+
+    def _pass_covering_now(self, deadline: float | None) -> bool:
+        """Ask for a pass and wait for it, and for the inline drains running now; False past ``deadline``."""
         with self._wake:
             target = self._passes.request()
             inline = set(self._inline)  # not those begun after: a busy loop of computes never ends them all
             self._waiting_inline += 1
             try:
-                if not self._passes.wait(target, deadline=deadline, busy=lambda: bool(inline & self._inline)):
-                    return False
+                return bool(self._passes.wait(target, deadline=deadline, busy=lambda: bool(inline & self._inline)))
             finally:
                 self._waiting_inline -= 1
-        # And what other threads set aside since the tracker made what there was (a halt may
-        # leave some unmade: those count as pending).
-        self.make_aside(None if deadline is None else deadline - time.monotonic())
-        with self._lock:
-            return not self._aside.spans and not any(r.end_ns is not None for r in self._records)
 
     def stop(self, timeout_s: float | None, *, drain: bool = True) -> int:
         """Drain (unless told not to), stop the thread, close computes still open.
@@ -364,8 +385,8 @@ class Tracker:
         down would only make building them wasted work at exit).
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        if drain:
-            self.flush(timeout_s)
+        if drain:  # not waiting for a failed compute's stragglers: what is left is closed below
+            self.flush(timeout_s, stragglers=False)
         drainer = self._drainer
         with self._wake:
             self._stopping = True  # no inline drain begins after this

@@ -7,7 +7,9 @@ print COMPUTED, then wait for a line on stdin before flushing), ``--no-instrumen
 exiting and print FLUSHED with its result and the handle's stats, then FLUSH_SECONDS,
 how long the call took), ``--flush-before-wait`` (the same, but before COMPUTED, so
 that what the parent inspects while the app waits is complete) and
-``--flush-timeout`` (the flush's ``timeout_s``, default 30), ``--built-before-wait``
+``--flush-timeout`` (the flush's ``timeout_s``, default 30), ``--straggle-ms N`` (with
+``--fail`` on a pool: a task still running for N ms when the compute fails, its
+``straggle`` task begun before ``boom`` raises), ``--built-before-wait``
 (before COMPUTED, wait until every task record is a span, queued or dropped: what
 arrives later is then what was held), ``--busy-ms`` (CPU
 time each task burns, default 0), ``--storm N`` (then N computes whose one task fails
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 import time
 from typing import Any
 
@@ -29,6 +32,8 @@ import dask.multiprocessing
 import dask.threaded
 
 BUSY_S = 0.0
+STRAGGLE_S = 0.0
+STRAGGLING = threading.Event()
 
 
 def inc(x: int) -> int:
@@ -40,7 +45,14 @@ def inc(x: int) -> int:
 
 
 def boom(x: int) -> int:
+    if STRAGGLE_S:
+        STRAGGLING.wait(10)
     raise RuntimeError(f"task failed on purpose at {x}")
+
+
+def straggle() -> None:
+    STRAGGLING.set()
+    time.sleep(STRAGGLE_S)
 
 
 def deep_fail(i: int, depth: int = 100) -> None:
@@ -87,11 +99,12 @@ def main() -> None:
     parser.add_argument("--flush-timeout", type=float, default=30.0)
     parser.add_argument("--built-before-wait", action="store_true")
     parser.add_argument("--busy-ms", type=float, default=0.0)
+    parser.add_argument("--straggle-ms", type=float, default=0.0)
     parser.add_argument("--storm", type=int, default=0)
     parser.add_argument("--die", choices=["kill", "term", "exit"], help="one task ends its worker process")
     args = parser.parse_args()
-    global BUSY_S
-    BUSY_S = args.busy_ms / 1000
+    global BUSY_S, STRAGGLE_S
+    BUSY_S, STRAGGLE_S = args.busy_ms / 1000, args.straggle_ms / 1000
 
     handle = None
     if not args.no_instrument:
@@ -101,6 +114,8 @@ def main() -> None:
     graph = {("inc", i): (inc, i) for i in range(args.tasks)}
     if args.fail:
         graph[("boom", 0)] = (boom, ("inc", 0))
+    if args.straggle_ms:
+        graph[("straggle", 0)] = (straggle,)
     if args.die:
         graph[("die", 0)] = (die, args.die)
     try:
