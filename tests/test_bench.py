@@ -126,7 +126,9 @@ def test_a_trial_runs_one_arm_at_a_time_and_delivers_every_span(tmp_path: Path) 
             assert 0.2 * (run.end - run.start) < run.wall_s < 0.8 * (run.end - run.start)
             assert run.compute_s <= run.wall_s
     for run in trial.kept("plain"):
-        assert 0.3 * run.wall_s < run.cpu_s < 1.15 * run.wall_s
+        # Counted, and no more than its turns allow. The floor is low: another job on the
+        # machine takes CPU from an arm within its turns.
+        assert 0.1 * run.wall_s < run.cpu_s < 1.15 * run.wall_s
     traced = trial.arms["traced"]
     assert traced.completed is not None and traced.completed >= 2
     # Every run's 200 computes and the 20 of the warm-up, each one trace of its compute span
