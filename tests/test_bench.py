@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench  # noqa: E402
+import lifecycle  # noqa: E402
 import rig  # noqa: E402
 import stats  # noqa: E402
 
@@ -195,3 +196,20 @@ def test_make_bench_ab_builds_the_other_tree_and_compares(tmp_path: Path) -> Non
         assert bad.returncode != 0 and "OLD='no-such-rev' names no commit" in bad.stderr
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
+
+
+def test_start_and_stop_rows_judge_only_the_comparisons_with_bars() -> None:
+    # Seconds a round: the sdk arm 0.3 s over plain, otel_graph 0.05 s over the sdk.
+    plain = [1.0 + 0.01 * (i % 3) for i in range(10)]
+    runs = {"plain": {"up": plain, "exit": plain},
+            "sdk": {"up": [x + 0.3 for x in plain], "exit": [x + 0.3 for x in plain]},
+            "otel_graph": {"up": [x + 0.35 for x in plain], "exit": [x + 0.35 for x in plain]}}
+    rows = lifecycle.rows(runs, lifecycle.COMPARISONS, bars={"up": 0.1}, protocol="grpc")
+    got = {(r["new"], r["old"], r["phase"]): r for r in rows}
+    assert got["sdk", "plain", "up"]["verdict"] is None  # the SDK's own cost is shown, not judged
+    assert got["otel_graph", "plain", "up"]["verdict"] == "no"
+    assert got["otel_graph", "sdk", "up"]["verdict"] == "yes"
+    assert got["otel_graph", "sdk", "exit"]["bar"] is None  # a phase without a bar is not judged
+    assert math.isclose(got["otel_graph", "sdk", "up"]["added"], 0.05, abs_tol=1e-9)
+    table = lifecycle.table(rows)
+    assert "| grpc | up | otel_graph - plain | 1.01 s | +0.350 s [+0.350, +0.350] | ≤ +0.1 s | **no** |" in table
