@@ -168,9 +168,10 @@ peer-test-wheels: | $(UV)
 lock: | $(UV)
 	$(UV) lock --upgrade --python $(PYTHON)
 
-# The overhead table (docs/performance.md): every ratio with its 95% interval and verdict,
-# each workload's arms interleaved on one core (benchmarks/rig.py). Also written as
-# benchmarks/out/bench.json. BENCH_ARGS: e.g. --only tiny, --scale 2.
+# The tables of docs/performance.md: every ratio with its 95% interval and verdict, each
+# workload's arms interleaved on one core (benchmarks/rig.py; also benchmarks/out/bench.json),
+# then, without BENCH_ARGS, the seconds a cluster's start and stop take (bench-lifecycle,
+# bench-preload). BENCH_ARGS: e.g. --only tiny, --scale 2.
 BENCH_ARGS ?=
 bench: $(STAMP)
 	$(VENV)/bin/python benchmarks/bench.py $(BENCH_ARGS)
@@ -191,7 +192,7 @@ bench-ab: $(STAMP) | $(UV)
 # phase, NVTX ranges, and dask's own test suite.
 bench-faults: $(STAMP)
 	$(VENV)/bin/python benchmarks/bench_faults.py
-# make bench-lifecycle [OLD=<git rev>]: plain against otel_graph, or OLD's otel_graph against this tree's.
+# make bench-lifecycle [OLD=<git rev>]: plain, the bare SDK and otel_graph, or OLD's otel_graph against this tree's.
 bench-lifecycle: $(STAMP) | $(UV)
 	$(VENV)/bin/python benchmarks/lifecycle.py $(if $(OLD),--old "$(OLD)" --uv $(UV) --python $(PYTHON))
 bench-nvtx: $(STAMP)

@@ -42,7 +42,7 @@ The bars (issue 45): each phase within +0.1 s, the total within +0.2 s, over eit
 
 Usage::
 
-    python benchmarks/lifecycle.py [--rounds 8] [--protocols grpc,http/protobuf] \
+    python benchmarks/lifecycle.py [--rounds 10] [--protocols grpc,http/protobuf] \
         [--old REV --uv UV --python PYTHON]
 """
 
@@ -78,10 +78,33 @@ with OtlpReceiver() as receiver:
     for line in sys.stdin:
         if line.strip() != "take":
             break
-        names = [span["name"] for span in receiver.spans()]
+        names, points = [span["name"] for span in receiver.spans()], len(receiver.metrics())
         receiver.clear()
-        print(json.dumps(names), flush=True)
+        print(json.dumps({{"spans": names, "points": points}}), flush=True)
 """
+
+
+def clean_env() -> dict[str, str]:
+    """This process's environment without its ``OTEL_*`` and ``DASK_*`` variables."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "DASK_"))}
+
+
+class Receiver(LineProcess):
+    """An OTLP receiver in a child process (``tests/otlp_receiver.py``, decoding for real)."""
+
+    def __init__(self) -> None:
+        super().__init__([sys.executable, "-c", RECEIVER.format(tests=str(ROOT / "tests"))])
+        self.endpoints: dict[str, str] = json.loads(self.first)
+
+    def env(self, protocol: str, *, service: str) -> dict[str, str]:
+        """A clean environment whose OpenTelemetry exports to this receiver over ``protocol``."""
+        return {**clean_env(), "OTEL_EXPORTER_OTLP_ENDPOINT": self.endpoints[protocol],
+                "OTEL_EXPORTER_OTLP_PROTOCOL": protocol, "OTEL_SERVICE_NAME": service}
+
+    def take(self) -> tuple[list[str], int]:
+        """The names of the spans and the count of the metric points received since the last take."""
+        answer = json.loads(self.ask("take"))
+        return answer["spans"], answer["points"]
 
 
 #: An arm: its label, the interpreter it runs the script with, and the way it runs it.
@@ -115,12 +138,9 @@ def run_once(python: str, way: str, *, env: dict[str, str]) -> dict[str, float]:
 
 def trial(protocol: str, arms: list[Arm], *, rounds: int, seed: int = 0) -> dict[str, dict[str, list[float]]]:
     """``rounds`` rounds of ``arms`` over ``protocol``: {label: {phase: [seconds a round]}}."""
-    receiver = LineProcess([sys.executable, "-c", RECEIVER.format(tests=str(ROOT / "tests"))])
+    receiver = Receiver()
     try:
-        endpoints = json.loads(receiver.first)
-        base = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "DASK_"))}
-        env = {**base, "OTEL_EXPORTER_OTLP_ENDPOINT": endpoints[protocol], "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
-               "OTEL_SERVICE_NAME": "lifecycle"}
+        env = receiver.env(protocol, service="lifecycle")
         order = random.Random(seed)
         out: dict[str, dict[str, list[float]]] = {label: {phase: [] for phase in PHASES} for label, _, _ in arms}
         for i in range(rounds):
@@ -129,7 +149,7 @@ def trial(protocol: str, arms: list[Arm], *, rounds: int, seed: int = 0) -> dict
             for label, python, way in shuffled:
                 for phase, seconds in run_once(python, way, env=env).items():
                     out[label][phase].append(seconds)
-            names = json.loads(receiver.ask("take"))
+            names, _ = receiver.take()
             if "int" not in names:  # the submit's task span, from a worker process
                 raise RuntimeError(f"round {i + 1} over {protocol}: the compute's spans did not arrive ({names})")
             if any(way == "sdk" for _, _, way in arms) and names.count("set-up") != 3:  # one from each process
@@ -178,7 +198,7 @@ def table(all_rows: list[dict[str, Any]], *, labels: tuple[str, ...] = ("protoco
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--protocols", default=",".join(PROTOCOLS))
     parser.add_argument("--old", help="a git revision: its otel_graph against this tree's, both instrumented")
     parser.add_argument("--uv", help="with --old: the uv that builds its venv")

@@ -29,6 +29,7 @@ _SDK: list[Any] = []
 
 
 def set_up_sdk() -> None:
+    """The ``sdk`` way's set-up, in this process (see the module docs)."""
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
     from opentelemetry.sdk.trace import TracerProvider

@@ -14,7 +14,8 @@ preload (:mod:`otel_graph.cluster.preload`). Each round starts, for each arm, a
 The arms, as in :mod:`lifecycle`: ``plain``; ``sdk``, the stock OpenTelemetry SDK with OTLP
 exporters set up by hand in a preload (:func:`lifecycle_app.dask_setup`), what any
 OpenTelemetry there costs; ``otel_graph`` (``--preload otel_graph``). Both export over
-OTLP, gRPC then HTTP in trials of their own, to a receiver in another process. In a round
+OTLP, gRPC then HTTP in trials of their own, to a receiver in another process, which must
+get the sdk arm's two spans and otel_graph's metric points every round. In a round
 the arms run in an order drawn afresh; each comparison is the trimmed mean of the rounds'
 differences with its 95% bootstrap interval (:func:`stats.paired_difference`). The bar
 (issue 45): ``ready`` within +0.1 s of plain.
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import queue
 import random
 import signal
@@ -41,14 +41,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from children import LineProcess  # noqa: E402
-from lifecycle import PROTOCOLS, RECEIVER, ROOT, compile_tree, rows, table  # noqa: E402
+from lifecycle import COMPARISONS, PROTOCOLS, Receiver, clean_env, compile_tree, rows, table  # noqa: E402
 
 ARMS = ("plain", "sdk", "otel_graph")
 PRELOADS = {"plain": [], "sdk": [str(HERE / "lifecycle_app.py")], "otel_graph": ["otel_graph"]}
 PHASES = ("ready", "stop")
 BAR_S = 0.1
-COMPARISONS = (("sdk", "plain", False), ("otel_graph", "plain", True), ("otel_graph", "sdk", True))
 DASK = str(Path(sys.executable).parent / "dask")
 
 
@@ -95,6 +93,7 @@ class Started:
 
 
 def preload_args(arm: str, *, last: list[str]) -> list[str]:
+    """``--preload`` arguments for ``arm``'s preloads, then ``last``'s."""
     return [arg for preload in PRELOADS[arm] + last for arg in ("--preload", preload)]
 
 
@@ -114,14 +113,11 @@ def start_worker(arm: str, scheduler: str, *, env: dict[str, str]) -> dict[str, 
 
 def trial(protocol: str, *, rounds: int, seed: int = 0) -> dict[str, dict[str, dict[str, list[float]]]]:
     """{role: {arm: {phase: [seconds a round]}}} over ``protocol``."""
-    receiver = LineProcess([sys.executable, "-c", RECEIVER.format(tests=str(ROOT / "tests"))])
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "DASK_"))}
-    scheduler = Started([DASK, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard"], env=base)
+    receiver = Receiver()
+    scheduler = Started([DASK, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard"], env=clean_env())
     try:
         address = scheduler.until("Scheduler at:")[1].split()[-1]
-        endpoints = json.loads(receiver.first)
-        env = {**base, "OTEL_EXPORTER_OTLP_ENDPOINT": endpoints[protocol], "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
-               "OTEL_SERVICE_NAME": "preload-start"}
+        env = receiver.env(protocol, service="preload-start")
         out = {role: {arm: {phase: [] for phase in PHASES} for arm in ARMS} for role in ("scheduler", "worker")}
         order = random.Random(seed)
         for i in range(rounds):
@@ -132,7 +128,10 @@ def trial(protocol: str, *, rounds: int, seed: int = 0) -> dict[str, dict[str, d
                     took = start_scheduler(arm, env=env) if role == "scheduler" else start_worker(arm, address, env=env)
                     for phase, seconds in took.items():
                         out[role][arm][phase].append(seconds)
-            receiver.ask("take")
+            names, points = receiver.take()
+            # The sdk arm's scheduler and worker each end one span; otel_graph's export their readings.
+            if names.count("set-up") != 2 or not points:
+                raise RuntimeError(f"round {i + 1} over {protocol}: not all arms delivered ({names}, {points} points)")
             print(f"{protocol} round {i + 1}/{rounds}: ready " + ", ".join(
                 f"{role} {arm} {out[role][arm]['ready'][-1]:.2f} s" for role in out for arm in ARMS), file=sys.stderr)
         return out

@@ -89,7 +89,9 @@ class Instrumentation:
     def flush(self, timeout_s: float | None = None) -> bool:
         """Block until everything recorded so far is exported; True if it all went."""
         deadline = time.monotonic() + (30.0 if timeout_s is None else timeout_s)
-        drained = self._tracker.flush(timeout_s)
+        # A failed compute's tasks still running are waited for, but never with the time the
+        # export of everything else needs.
+        drained = self._tracker.flush(timeout_s, stragglers_s=None if timeout_s is None else timeout_s / 2)
         if self._cluster is not None:
             # Workers flush side by side with us: each exports to the collector itself.
             drained = self._cluster.flush(max(0.1, deadline - time.monotonic())) and drained

@@ -144,6 +144,14 @@ def test_a_flush_after_a_failed_compute_waits_for_its_tasks_still_running(receiv
     assert straggler["end_ns"] > root["end_ns"], "it ended after the compute failed"
 
 
+def test_a_flush_waits_for_a_failed_computes_tasks_only_within_its_timeout(receiver):
+    # The straggler sleeps 4 s; the flush, given 1 s, waits for it at most half of that.
+    run = run_app("--scheduler", "threads", "--tasks", "3", "--fail", "--straggle-ms", "4000", "--flush",
+                  "--flush-timeout", "1", env=otlp_env(receiver.grpc_endpoint, "grpc"))
+    assert run.value("FLUSHED").startswith("False"), run.stdout
+    assert float(run.value("FLUSH_SECONDS")) < 2.5, run.stdout
+
+
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
 @pytest.mark.parametrize("state", ["down", "hung", "failing"])
 def test_a_broken_collector_never_hurts_the_computation(state, protocol):

@@ -21,7 +21,8 @@ more. The :class:`Tracker` owns everything after that:
   task metrics, gives a long compute progress spans, and ends a compute once every task it
   submitted has reported;
 * :meth:`Tracker.flush` asks for a pass and waits for it, and for the inline drains begun
-  before it; :meth:`Tracker.stop` drains (or not), stops the thread, and says how many task
+  before it, and again while a compute that failed before it waits for its tasks still
+  running; :meth:`Tracker.stop` drains (or not), stops the thread, and says how many task
   records never became telemetry.
 
 Building spans and metric points in bulk, off the scheduler's thread (for a large compute),
@@ -44,7 +45,7 @@ from otel_graph.telemetry.aside import Aside
 from otel_graph.telemetry.attributes import recovered_attributes
 from otel_graph.telemetry.compute_record import ComputeRecord
 from otel_graph.telemetry.compute_span import start_compute_span
-from otel_graph.telemetry.drain import Drainer
+from otel_graph.telemetry.drain import STRAGGLER_WAIT_NS, Drainer
 from otel_graph.telemetry.env_context import under_launcher
 from otel_graph.telemetry.job import current_name
 from otel_graph.telemetry.metrics import TaskMetrics
@@ -74,7 +75,7 @@ INLINE_MAX_TASKS = 128
 #: How long stop() waits, once it gave up, for the thread to put down its slice.
 _HALT_WAIT_S = 0.2
 #: How often a flush looks again for the records of a failed compute's tasks still running.
-STRAGGLER_POLL_S = 0.02
+STRAGGLER_POLL_S = 0.05
 
 
 def _span_name(span: Any) -> str | None:
@@ -340,15 +341,25 @@ class Tracker:
         self._metrics.record_recovered(prefix, failed=failed, count=count, duration_s=duration_s)
 
     # -- flush and stop -------------------------------------------------------------------
-    def flush(self, timeout_s: float | None, *, stragglers: bool = True) -> bool:
+    def flush(self, timeout_s: float | None, *, stragglers_s: float | None = None) -> bool:
         """Drain everything recorded so far; True when no ended compute is left pending.
 
         A compute that failed while some of its tasks still ran in a pool waits for their
-        records (:data:`~otel_graph.telemetry.drain.STRAGGLER_WAIT_NS`). With ``stragglers``,
-        the flush waits for them too, within ``timeout_s``, and passes again as they come:
-        that compute's telemetry is then part of what it delivers.
+        records (at most :data:`~otel_graph.telemetry.drain.STRAGGLER_WAIT_NS` after it
+        ended). The flush waits for those of the computes ended when it began, passing again
+        as their records come, for at most ``stragglers_s`` (None: its whole ``timeout_s``;
+        0: not at all), so that their telemetry is part of what it delivers.
         """
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        began = time.monotonic()
+        deadline = None if timeout_s is None else began + timeout_s
+        # Never past the drain's own wait for them (a compute's stragglers are then given up).
+        longest = STRAGGLER_WAIT_NS / 1e9
+        give_up = began + (longest if stragglers_s is None else min(stragglers_s, longest))
+        if deadline is not None:
+            give_up = min(give_up, deadline)
+        with self._lock:  # not those ended after: a loop of failing computes never ends them all
+            awaited = [r for r in self._records if r.end_ns is not None and not r.all_reported()]
+        settling = False
         while True:
             if not self._pass_covering_now(deadline):
                 return False
@@ -356,15 +367,17 @@ class Tracker:
             # leave some unmade: those count as pending).
             self.make_aside(None if deadline is None else deadline - time.monotonic())
             with self._lock:
-                ended = [r for r in self._records if r.end_ns is not None]
-                if not self._aside.spans and not ended:
+                if not self._aside.spans and not any(r.end_ns is not None for r in self._records):
                     return True
-                waiting = stragglers and any(not r.all_reported() for r in ended)
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if not waiting or (remaining is not None and remaining <= 0):
+                awaited = [r for r in awaited if r in self._records]
+                reporting = any(not r.all_reported() for r in awaited)
+            if not awaited or settling or time.monotonic() >= give_up:
                 return False
-            with self._wake:  # their records land in the compute's sink, which wakes no one
-                self._wake.wait(STRAGGLER_POLL_S if remaining is None else min(STRAGGLER_POLL_S, remaining))
+            if reporting:  # their records land in the compute's sink, which wakes no one
+                with self._wake:
+                    self._wake.wait(max(0.0, min(STRAGGLER_POLL_S, give_up - time.monotonic())))
+            else:  # all in since the pass: the next one settles them
+                settling = True
 
     def _pass_covering_now(self, deadline: float | None) -> bool:
         """Ask for a pass and wait for it, and for the inline drains running now; False past ``deadline``."""
@@ -386,7 +399,7 @@ class Tracker:
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         if drain:  # not waiting for a failed compute's stragglers: what is left is closed below
-            self.flush(timeout_s, stragglers=False)
+            self.flush(timeout_s, stragglers_s=0)
         drainer = self._drainer
         with self._wake:
             self._stopping = True  # no inline drain begins after this

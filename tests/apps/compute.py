@@ -8,8 +8,8 @@ exiting and print FLUSHED with its result and the handle's stats, then FLUSH_SEC
 how long the call took), ``--flush-before-wait`` (the same, but before COMPUTED, so
 that what the parent inspects while the app waits is complete) and
 ``--flush-timeout`` (the flush's ``timeout_s``, default 30), ``--straggle-ms N`` (with
-``--fail`` on a pool: a task still running for N ms when the compute fails, its
-``straggle`` task begun before ``boom`` raises), ``--built-before-wait``
+``--fail`` on the threads scheduler, given 4 threads: a task still running for N ms when
+the compute fails, its ``straggle`` task begun before ``boom`` raises), ``--built-before-wait``
 (before COMPUTED, wait until every task record is a span, queued or dropped: what
 arrives later is then what was held), ``--busy-ms`` (CPU
 time each task burns, default 0), ``--storm N`` (then N computes whose one task fails
@@ -120,7 +120,9 @@ def main() -> None:
         graph[("die", 0)] = (die, args.die)
     try:
         get = {"sync": dask.get, "threads": dask.threaded.get, "processes": dask.multiprocessing.get}
-        values = get[args.scheduler](graph, list(graph))
+        # Enough threads for straggle beside boom, whatever the machine's CPU count.
+        options = {"num_workers": 4} if args.straggle_ms else {}
+        values = get[args.scheduler](graph, list(graph), **options)
         say("RESULT", sum(values))
     except RuntimeError as exc:
         say("FAILED", exc)
