@@ -344,22 +344,16 @@ class Tracker:
     def flush(self, timeout_s: float | None, *, stragglers_s: float | None = None) -> bool:
         """Drain everything recorded so far; True when no ended compute is left pending.
 
-        A compute that failed while some of its tasks still ran in a pool waits for their
-        records (at most :data:`~otel_graph.telemetry.drain.STRAGGLER_WAIT_NS` after it
-        ended). The flush waits for those of the computes ended when it began, passing again
-        as their records come, for at most ``stragglers_s`` (None: its whole ``timeout_s``;
-        0: not at all), so that their telemetry is part of what it delivers.
+        A compute that failed with tasks still running in a pool waits for their records
+        (:data:`~otel_graph.telemetry.drain.STRAGGLER_WAIT_NS`); so does the flush, for those
+        ended before it, passing again as they come: at most ``stragglers_s`` (None: all of
+        ``timeout_s``; 0: not at all), so that their telemetry is part of what it delivers.
         """
         began = time.monotonic()
         deadline = None if timeout_s is None else began + timeout_s
-        # Never past the drain's own wait for them (a compute's stragglers are then given up).
-        longest = STRAGGLER_WAIT_NS / 1e9
-        give_up = began + (longest if stragglers_s is None else min(stragglers_s, longest))
-        if deadline is not None:
-            give_up = min(give_up, deadline)
+        give_up = began + min([STRAGGLER_WAIT_NS / 1e9, *(s for s in (stragglers_s, timeout_s) if s is not None)])
         with self._lock:  # not those ended after: a loop of failing computes never ends them all
             awaited = [r for r in self._records if r.end_ns is not None and not r.all_reported()]
-        settling = False
         while True:
             if not self._pass_covering_now(deadline):
                 return False
@@ -371,13 +365,12 @@ class Tracker:
                     return True
                 awaited = [r for r in awaited if r in self._records]
                 reporting = any(not r.all_reported() for r in awaited)
-            if not awaited or settling or time.monotonic() >= give_up:
+            if not awaited or time.monotonic() >= give_up:
                 return False
             if reporting:  # their records land in the compute's sink, which wakes no one
                 with self._wake:
                     self._wake.wait(max(0.0, min(STRAGGLER_POLL_S, give_up - time.monotonic())))
-            else:  # all in since the pass: the next one settles them
-                settling = True
+            # (All in since the pass: the next one settles them.)
 
     def _pass_covering_now(self, deadline: float | None) -> bool:
         """Ask for a pass and wait for it, and for the inline drains running now; False past ``deadline``."""
