@@ -55,6 +55,10 @@ KNOWN: dict[str, str] = {
     "distributed/tests/test_client.py::test_get_versions_rpc_error": _POOL,
     "distributed/tests/test_worker.py::test_worker_client_closes_if_created_on_worker_last_worker_alive":
         _POOLED + "; the test expects a worker to hold no incoming connection, and it holds that one",
+    # It calls dask.order.order() alone, which otel_graph never touches; each mode has shown
+    # both outcomes (xpassed in one run, xfailed when run again alone), whichever came first.
+    "dask/tests/test_order.py::test_string_ordering_dependents":
+        "a non-strict xfail whose outcome varies from run to run, plain as well as instrumented",
 }
 
 
