@@ -2,9 +2,9 @@
 
 :class:`LineProcess` is a child that answers one line for each line it is sent;
 :class:`Receiver` is one of those holding an OTLP receiver (``tests/otlp_receiver.py``,
-decoding for real) that counts the spans that reached it by service and name. Each
-receiver leads a process group of its own, which its arm then joins (:mod:`rig`), so that
-the two are paused and resumed together.
+decoding for real) that counts the spans that reached it by service and name, and the
+metric points. Each receiver leads a process group of its own, which its arm then joins
+(:mod:`rig`), so that the two are paused and resumed together.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,7 +34,7 @@ import collections, json, sys
 sys.path.insert(0, {tests!r})
 from otlp_receiver import OtlpReceiver
 with OtlpReceiver() as receiver:
-    print(receiver.grpc_endpoint, flush=True)
+    print(json.dumps({{"grpc": receiver.grpc_endpoint, "http/protobuf": receiver.http_endpoint}}), flush=True)
     for line in sys.stdin:
         if line.strip() != "take":
             break
@@ -46,8 +46,10 @@ with OtlpReceiver() as receiver:
                 for scope_spans in resource_spans.scope_spans:
                     for span in scope_spans.spans:
                         counts[service, span.name] += 1
+        points = len(receiver.metrics())
         receiver.clear()
-        print(json.dumps([[service, name, n] for (service, name), n in counts.items()]), flush=True)
+        print(json.dumps({{"spans": [[service, name, n] for (service, name), n in counts.items()],
+                          "points": points}}), flush=True)
 """
 
 
@@ -88,13 +90,23 @@ class Receiver(LineProcess):
     def __init__(self) -> None:
         super().__init__([sys.executable, "-c", RECEIVER.format(tests=str(ROOT / "tests"))],
                          preexec_fn=in_group(0))
-        self.endpoint = self.first
-        if not self.endpoint:
+        if not self.first:
             raise SystemExit("the benchmark's OTLP receiver did not start")
+        #: By protocol (``grpc``, ``http/protobuf``); :attr:`endpoint` is the gRPC one.
+        self.endpoints: dict[str, str] = json.loads(self.first)
+        self.endpoint = self.endpoints["grpc"]
 
-    def take(self) -> dict[str, dict[str, int]]:
-        """Spans that arrived since the last take: ``{service: {span name: count}}``."""
-        counts: dict[str, dict[str, int]] = {}
-        for service, name, n in json.loads(self.ask("take")):
-            counts.setdefault(service, {})[name] = n
-        return counts
+    def take(self) -> Taken:
+        """What arrived since the last take."""
+        answer = json.loads(self.ask("take"))
+        spans: dict[str, dict[str, int]] = {}
+        for service, name, n in answer["spans"]:
+            spans.setdefault(service, {})[name] = n
+        return Taken(spans, answer["points"])
+
+
+class Taken(NamedTuple):
+    """What a :class:`Receiver` got: ``spans``, ``{service: {span name: count}}``; ``points``, metric points."""
+
+    spans: dict[str, dict[str, int]]
+    points: int

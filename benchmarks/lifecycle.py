@@ -63,48 +63,30 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 import stats  # noqa: E402
-from children import LineProcess  # noqa: E402
+from children import Receiver, Taken  # noqa: E402
 
 PHASES = ("imports", "up", "compute", "closed", "exit", "total")
 BARS = {"imports": 0.1, "up": 0.1, "compute": 0.1, "closed": 0.1, "exit": 0.1, "total": 0.2}
 PROTOCOLS = ("grpc", "http/protobuf")
-
-RECEIVER = """
-import json, sys
-sys.path.insert(0, {tests!r})
-from otlp_receiver import OtlpReceiver
-with OtlpReceiver() as receiver:
-    print(json.dumps({{"grpc": receiver.grpc_endpoint, "http/protobuf": receiver.http_endpoint}}), flush=True)
-    for line in sys.stdin:
-        if line.strip() != "take":
-            break
-        names, points = [span["name"] for span in receiver.spans()], len(receiver.metrics())
-        receiver.clear()
-        print(json.dumps({{"spans": names, "points": points}}), flush=True)
-"""
-
 
 def clean_env() -> dict[str, str]:
     """This process's environment without its ``OTEL_*`` and ``DASK_*`` variables."""
     return {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "DASK_"))}
 
 
-class Receiver(LineProcess):
-    """An OTLP receiver in a child process (``tests/otlp_receiver.py``, decoding for real)."""
+def export_env(receiver: Receiver, protocol: str, *, service: str) -> dict[str, str]:
+    """A clean environment whose OpenTelemetry exports to ``receiver`` over ``protocol``."""
+    return {**clean_env(), "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoints[protocol],
+            "OTEL_EXPORTER_OTLP_PROTOCOL": protocol, "OTEL_SERVICE_NAME": service}
 
-    def __init__(self) -> None:
-        super().__init__([sys.executable, "-c", RECEIVER.format(tests=str(ROOT / "tests"))])
-        self.endpoints: dict[str, str] = json.loads(self.first)
 
-    def env(self, protocol: str, *, service: str) -> dict[str, str]:
-        """A clean environment whose OpenTelemetry exports to this receiver over ``protocol``."""
-        return {**clean_env(), "OTEL_EXPORTER_OTLP_ENDPOINT": self.endpoints[protocol],
-                "OTEL_EXPORTER_OTLP_PROTOCOL": protocol, "OTEL_SERVICE_NAME": service}
-
-    def take(self) -> tuple[list[str], int]:
-        """The names of the spans and the count of the metric points received since the last take."""
-        answer = json.loads(self.ask("take"))
-        return answer["spans"], answer["points"]
+def span_counts(taken: Taken) -> dict[str, int]:
+    """Spans taken by name, whatever their service."""
+    counts: dict[str, int] = {}
+    for by_name in taken.spans.values():
+        for name, n in by_name.items():
+            counts[name] = counts.get(name, 0) + n
+    return counts
 
 
 #: An arm: its label, the interpreter it runs the script with, and the way it runs it.
@@ -140,7 +122,7 @@ def trial(protocol: str, arms: list[Arm], *, rounds: int, seed: int = 0) -> dict
     """``rounds`` rounds of ``arms`` over ``protocol``: {label: {phase: [seconds a round]}}."""
     receiver = Receiver()
     try:
-        env = receiver.env(protocol, service="lifecycle")
+        env = export_env(receiver, protocol, service="lifecycle")
         order = random.Random(seed)
         out: dict[str, dict[str, list[float]]] = {label: {phase: [] for phase in PHASES} for label, _, _ in arms}
         for i in range(rounds):
@@ -149,10 +131,10 @@ def trial(protocol: str, arms: list[Arm], *, rounds: int, seed: int = 0) -> dict
             for label, python, way in shuffled:
                 for phase, seconds in run_once(python, way, env=env).items():
                     out[label][phase].append(seconds)
-            names, _ = receiver.take()
+            names = span_counts(receiver.take())
             if "int" not in names:  # the submit's task span, from a worker process
                 raise RuntimeError(f"round {i + 1} over {protocol}: the compute's spans did not arrive ({names})")
-            if any(way == "sdk" for _, _, way in arms) and names.count("set-up") != 3:  # one from each process
+            if any(way == "sdk" for _, _, way in arms) and names.get("set-up") != 3:  # one from each process
                 raise RuntimeError(f"round {i + 1} over {protocol}: the sdk arm's spans did not all arrive ({names})")
             print(f"{protocol} round {i + 1}/{rounds}: total "
                   + ", ".join(f"{label} {out[label]['total'][-1]:.2f} s" for label, _, _ in arms), file=sys.stderr)

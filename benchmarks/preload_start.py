@@ -41,7 +41,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from lifecycle import COMPARISONS, PROTOCOLS, Receiver, clean_env, compile_tree, rows, table  # noqa: E402
+from children import Receiver  # noqa: E402
+from lifecycle import COMPARISONS, PROTOCOLS, clean_env, compile_tree, export_env, rows, span_counts, table  # noqa: E402
 
 ARMS = ("plain", "sdk", "otel_graph")
 PRELOADS = {"plain": [], "sdk": [str(HERE / "lifecycle_app.py")], "otel_graph": ["otel_graph"]}
@@ -117,7 +118,7 @@ def trial(protocol: str, *, rounds: int, seed: int = 0) -> dict[str, dict[str, d
     scheduler = Started([DASK, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard"], env=clean_env())
     try:
         address = scheduler.until("Scheduler at:")[1].split()[-1]
-        env = receiver.env(protocol, service="preload-start")
+        env = export_env(receiver, protocol, service="preload-start")
         out = {role: {arm: {phase: [] for phase in PHASES} for arm in ARMS} for role in ("scheduler", "worker")}
         order = random.Random(seed)
         for i in range(rounds):
@@ -128,10 +129,10 @@ def trial(protocol: str, *, rounds: int, seed: int = 0) -> dict[str, dict[str, d
                     took = start_scheduler(arm, env=env) if role == "scheduler" else start_worker(arm, address, env=env)
                     for phase, seconds in took.items():
                         out[role][arm][phase].append(seconds)
-            names, points = receiver.take()
+            taken = receiver.take()
             # The sdk arm's scheduler and worker each end one span; otel_graph's export their readings.
-            if names.count("set-up") != 2 or not points:
-                raise RuntimeError(f"round {i + 1} over {protocol}: not all arms delivered ({names}, {points} points)")
+            if span_counts(taken).get("set-up") != 2 or not taken.points:
+                raise RuntimeError(f"round {i + 1} over {protocol}: not all arms delivered ({taken})")
             print(f"{protocol} round {i + 1}/{rounds}: ready " + ", ".join(
                 f"{role} {arm} {out[role][arm]['ready'][-1]:.2f} s" for role in out for arm in ARMS), file=sys.stderr)
         return out

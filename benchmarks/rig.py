@@ -172,7 +172,7 @@ class Arm:
         self.resume()
         code = self._release(120)
         if self.receiver is not None:
-            self.delivered = self.receiver.take().get(self.label, {})
+            self.delivered = self.receiver.take().spans.get(self.label, {})
             self.receiver.close()
         if code != 0 or self.completed is None:
             raise SystemExit(f"arm {self.label} ended with {code}: see {self.log}")
